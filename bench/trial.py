@@ -1,0 +1,78 @@
+"""The Trial: everything that determines one benchmark result, and nothing else."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from bench.errors import UserError
+
+
+@dataclass(frozen=True)
+class Trial:
+    teacher: str
+    method: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+    n_samples: int = 64
+    batch_size: int = 1
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self):
+        for name in ("n_samples", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise UserError(f"trial: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise UserError(f"trial: seed must be a non-negative integer, got {self.seed!r}")
+        object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["metrics"] = list(self.metrics)
+        d["params"] = dict(sorted(self.params.items()))
+        return d
+
+    def key(self) -> str:
+        """Stable content hash; identical for identical (resolved) trials across processes and machines."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "Trial":
+        if not isinstance(data, Mapping):
+            raise UserError(f"trial: expected a mapping, got {type(data).__name__}")
+        valid = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - valid)
+        if unknown:
+            raise UserError(f"trial: unknown field {unknown[0]!r}; valid: {', '.join(sorted(valid))}")
+        for required in ("teacher", "method"):
+            if required not in data:
+                raise UserError(f"trial: missing field {required!r}")
+        kwargs = dict(data)
+        if not isinstance(kwargs.get("params", {}), Mapping):
+            raise UserError("trial: params must be a mapping of knob -> value")
+        metrics = kwargs.get("metrics", ())
+        if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
+            raise UserError("trial: metrics must be a list of metric names")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "Trial":
+        try:
+            with open(path) as fh:
+                data = yaml.safe_load(fh)
+        except OSError as exc:
+            raise UserError(f"cannot read trial file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise UserError(f"trial file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        return cls.from_mapping(data)

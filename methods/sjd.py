@@ -1,0 +1,149 @@
+"""`sjd`: Speculative Jacobi Decoding (Teng et al., arXiv:2410.01699, ICLR 2025).
+
+A training-free, distribution-preserving Jacobi loop for discrete-token AR image models. Each forward pass feeds the
+pending token plus W-1 drafts; a draft is accepted with probability min(1, p/q) (Eq. 1), the first rejected position is
+resampled from the residual max(0, p - q) (Eq. 2), later positions are refined with this pass's samples (Eq. 3) and
+become the next drafts, the window is refilled by an initialisation scheme, and the KV cache is rolled back to the
+committed prefix. Semantics follow the note (shared/notes/sjd_speculative_jacobi_decoding.md §1.5-1.6): the window
+includes the pending token, a full accept adds a bonus token, fresh drafts carry a one-hot draft distribution.
+
+The same loop with the exact-match criterion is Jacobi decoding (`methods/jacobi.py`).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from bench.registry import METHODS
+from bench.samples import Samples
+from methods.base import Method
+from teachers import discrete_ar
+from teachers.discrete_ar import draw, process
+
+InitScheme = Literal["random", "repeat-left", "repeat-above", "sample-left", "sample-above"]
+
+
+@dataclass(frozen=True)
+class SJDConfig(discrete_ar.SamplingConfig):
+    window: int = 16  # W: tokens per forward pass, the pending token included; W = 1 is plain AR
+    init: InitScheme = "random"  # how new draft slots are filled (the paper's random / spatial-prior init)
+    ar_head: int = 0  # first tokens decoded one per pass
+    ar_tail: int = 0  # last tokens decoded one per pass
+    refine: bool = True  # Eq. 3; False is the App. F "no refinement" ablation
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.ar_head < 0 or self.ar_tail < 0:
+            raise ValueError(f"ar_head and ar_tail must be >= 0, got {self.ar_head}, {self.ar_tail}")
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Eq. 2: the distribution to resample from after rejecting a draft drawn from q when the target is p."""
+    r = (p - q).clamp(min=0)
+    total = r.sum()
+    # A rejection implies p(d) < q(d), hence positive residual mass; the guard only absorbs rounding.
+    return r / total if total > 0 else p
+
+
+def speculative_rule(P, drafts, qs, S, generator):
+    """Verify drafts left to right; returns (number accepted, replacement token at the first rejection or None)."""
+    p_d = P.gather(1, drafts[:, None]).squeeze(1)
+    q_d = qs.gather(1, drafts[:, None]).squeeze(1)
+    u = torch.rand(len(drafts), generator=generator, device=P.device)
+    ok = u < (p_d / q_d).clamp(max=1.0)  # Eq. 1
+    n_ok = int(ok.long().cumprod(0).sum())
+    if n_ok == len(drafts):
+        return n_ok, None
+    return n_ok, draw(residual(P[n_ok], qs[n_ok]), generator)
+
+
+def exact_match_rule(P, drafts, qs, S, generator):
+    """Jacobi decoding: a draft is accepted iff it equals this pass's token at its position (released code)."""
+    same = (drafts == S[: len(drafts)]).long()
+    n_ok = int(same.cumprod(0).sum())
+    return n_ok, (None if n_ok == len(drafts) else S[n_ok])
+
+
+class _Drafter:
+    """Fills new draft slots; fresh drafts carry a one-hot draft distribution, which keeps SJD exact for any rule."""
+
+    def __init__(self, scheme: str, vocab: int, row: int, generator):
+        self.scheme, self.vocab, self.row, self.generator = scheme, vocab, row, generator
+
+    def __call__(self, pos: int, seq: torch.Tensor, dists: torch.Tensor) -> int:
+        if self.scheme == "random":
+            return int(torch.randint(self.vocab, (1,), generator=self.generator, device=seq.device))
+        above = self.scheme.endswith("above") and pos >= self.row
+        src = pos - self.row if above else pos - 1
+        if self.scheme.startswith("repeat"):
+            return int(seq[src])
+        return int(draw(dists[src], self.generator))
+
+
+@torch.no_grad()
+def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, greedy: bool = False):
+    """Decode one sequence (cond: (1, P)); returns tokens (N,) and counters."""
+    N, V = teacher.seq_len, teacher.vocab_size
+    drafter = _Drafter(c.init, V, teacher.grid[1], generator)
+    state, logits = teacher.start(cond, cfg=c.cfg)
+    P0 = process(logits[0], c)  # (V,)
+    seq = torch.zeros(N, dtype=torch.long, device=P0.device)  # committed, then pending, then drafts
+    dists = torch.zeros(N, V, device=P0.device)  # latest predicted (or one-hot draft) distribution per position
+    seq[0], dists[0] = draw(P0, generator, greedy), P0
+    n_out = 0  # committed tokens; their keys/values are cached. seq[n_out] is the pending token.
+    drafts = torch.zeros(0, dtype=torch.long, device=P0.device)
+    qs = torch.zeros(0, V, device=P0.device)
+    counts = Counter(nfe=1, tokens=N)
+    while n_out + 1 < N:
+        remaining = N - 1 - n_out  # positions after the pending token
+        L = 1 if n_out + 1 < c.ar_head else min(c.window, max(1, remaining - c.ar_tail))
+        drafts, qs = drafts[: L - 1], qs[: L - 1]
+        seq[n_out + 1 : n_out + 1 + len(drafts)] = drafts
+        dists[n_out + 1 : n_out + 1 + len(drafts)] = qs
+        new = []
+        for pos in range(n_out + 1 + len(drafts), n_out + L):
+            seq[pos] = drafter(pos, seq, dists)
+            dists[pos] = torch.nn.functional.one_hot(seq[pos], V).float()
+            new.append(pos)
+        drafts = seq[n_out + 1 : n_out + L].clone()
+        qs = dists[n_out + 1 : n_out + L].clone()
+        P = process(teacher.extend(state, seq[n_out : n_out + L].view(1, L))[0], c)  # (L, V); row t predicts n_out+1+t
+        counts["nfe"] += 1
+        S = draw(P, generator, greedy)  # this pass's tokens: refinements and the bonus token
+        if len(drafts):
+            n_ok, replacement = rule(P, drafts, qs, S, generator)
+            counts["drafts_verified"] += n_ok + (replacement is not None)
+            counts["drafts_accepted"] += n_ok
+        else:
+            n_ok, replacement = 0, None
+        committed = 1 + n_ok  # the pending token and the accepted drafts
+        teacher.rollback(state, n_out + committed)
+        pend = n_out + committed
+        if replacement is None:  # every draft accepted: the last row gives a bonus token
+            seq[pend], dists[pend] = S[L - 1], P[L - 1]
+            drafts, qs = drafts[:0], qs[:0]
+        else:
+            seq[pend], dists[pend] = replacement, P[n_ok]
+            keep = slice(n_ok + 1, L) if c.refine else slice(0, 0)
+            drafts, qs = S[keep], P[keep]
+            dists[pend + 1 : pend + 1 + len(drafts)] = qs
+        n_out = pend
+    return seq, counts
+
+
+@METHODS.register("sjd")
+class SJD(Method):
+    """Speculative Jacobi Decoding: Jacobi windows verified by speculative sampling (lossless, training-free)."""
+
+    families = (discrete_ar.FAMILY,)
+    Config = SJDConfig
+    batch_size_one = True
+
+    def sample(self, cond, *, generator):
+        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, speculative_rule)
+        return Samples(tokens.view(1, -1), cond, counts)

@@ -1,0 +1,214 @@
+"""Tiny discrete-token AR image teachers (class- or text-conditional), trained and cached on first use.
+
+The LlamaGen / Lumina-mGPT setting of SJD (arXiv:2410.01699) at CPU scale: a k-means patch tokenizer and a raster-order
+causal transformer (`teachers.gpt`) conditioned on a prefix (a class token, or caption tokens from open_clip's BPE
+tokenizer), trained with condition dropout so classifier-free guidance works.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bench.cache import Cache, config_key
+from bench.samples import Samples
+from teachers import discrete_ar
+from teachers.datasets import ImageDataset, load_image_dataset
+from teachers.gpt import GPT, GPTConfig, KVCache
+from teachers.patch_vq import PatchQuantizer
+
+NULL, PAD, UNK = 0, 1, 2  # condition-vocabulary ids shared by both conditionings
+RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
+
+
+@dataclass(frozen=True)
+class ImageARRecipe:
+    dataset: str
+    conditioning: Literal["class", "text"]
+    image_size: int = 16
+    patch: int = 2
+    codebook_size: int = 128
+    n_layer: int = 3
+    n_head: int = 4
+    n_embd: int = 96
+    dropout: float = 0.1
+    steps: int = 1200
+    batch_size: int = 48
+    lr: float = 2e-3
+    cond_dropout: float = 0.1
+    caption_len: int = 8
+    seed: int = 0
+
+
+class CaptionVocab:
+    """open_clip's BPE ids of the captions, remapped to a compact table (the captions use a few dozen of 49k ids)."""
+
+    def __init__(self, bpe_ids: list[int]):
+        self.index = {b: i + 3 for i, b in enumerate(sorted(bpe_ids))}
+
+    @staticmethod
+    def bpe(texts: list[str]) -> list[list[int]]:
+        import open_clip
+
+        tok = open_clip.get_tokenizer("ViT-B-32")  # ships its BPE vocabulary; nothing is downloaded
+        ids = tok(texts)  # (n, 77) with <start>, <end> and zero padding
+        return [[int(t) for t in row[1:] if t not in (0, tok.sot_token_id, tok.eot_token_id)] for row in ids]
+
+    def encode(self, texts: list[str], length: int) -> torch.Tensor:
+        out = torch.full((len(texts), length), PAD, dtype=torch.long)
+        for r, ids in enumerate(self.bpe(texts)):
+            ids = [self.index.get(b, UNK) for b in ids][:length]
+            out[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.index) + 3
+
+
+@dataclass
+class ARState:
+    cache: KVCache
+    cfg: float
+    batch: int
+    cond_len: int
+
+    @property
+    def length(self) -> int:
+        return self.cache.length - self.cond_len
+
+
+class ImageARTeacher:
+    family: ClassVar[str] = discrete_ar.FAMILY
+    recipe: ClassVar[ImageARRecipe]
+    reference_method: ClassVar[str] = "ar"
+
+    def __init__(self, name: str, model: GPT, vq: PatchQuantizer, cond_table: torch.Tensor, info: dict):
+        self.name, self.model, self.vq = name, model.eval(), vq
+        self.cond_table = cond_table  # (classes, templates, P) condition prefix of every (class, template)
+        self.info = info
+        self.seq_len = model.cfg.seq_len
+        self.vocab_size = model.cfg.vocab_size
+        self.grid = vq.grid
+        self.dataset_name = self.recipe.dataset
+
+    # ---- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def key(cls) -> str:
+        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None) -> "ImageARTeacher":
+        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
+        if not cached and on_trained is not None:
+            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        model = GPT(GPTConfig(**blob["gpt"]))
+        model.load_state_dict(blob["model"])
+        vq = PatchQuantizer(blob["codebook"], **blob["vq"])
+        return cls(name, model.to(device), vq.to(device), blob["cond_table"].to(device), blob["info"])
+
+    @classmethod
+    def _cond_table(cls, data: ImageDataset) -> tuple[torch.Tensor, int]:
+        r = cls.recipe
+        n_cls = len(data.class_names)
+        if r.conditioning == "class":
+            return torch.arange(n_cls).view(n_cls, 1, 1) + 3, n_cls + 3
+        captions = [data.caption(c, t) for c in range(n_cls) for t in range(len(data.templates))]
+        vocab = CaptionVocab(sorted({b for ids in CaptionVocab.bpe(captions) for b in ids}))
+        table = vocab.encode(captions, r.caption_len).view(n_cls, len(data.templates), r.caption_len)
+        return table, len(vocab)
+
+    @classmethod
+    def _train(cls, name: str) -> dict:
+        r = cls.recipe
+        t0 = time.perf_counter()
+        train = load_image_dataset(r.dataset, "train", r.image_size)
+        test = load_image_dataset(r.dataset, "test", r.image_size)
+        vq = PatchQuantizer.fit(train.images, r.patch, r.codebook_size, r.seed)
+        recon_mse = F.mse_loss(vq.decode(vq.encode(test.images)), test.images).item()
+        table, cond_vocab = cls._cond_table(train)
+        gcfg = GPTConfig(r.codebook_size, cond_vocab, table.shape[-1], vq.grid[0] * vq.grid[1],
+                         r.n_layer, r.n_head, r.n_embd, r.dropout)
+        g = torch.Generator().manual_seed(r.seed)
+        torch.manual_seed(r.seed)  # parameter init only; a teacher build is its own process-level step
+        model = GPT(gcfg)
+        tokens = vq.encode(train.images)  # (n, N)
+        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01, betas=(0.9, 0.95))
+        warmup = max(1, r.steps // 20)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+        model.train()
+        for _ in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+            idx = torch.randint(len(tokens), (r.batch_size,), generator=g)
+            cond = cls._conds(table, train.labels[idx], g)
+            drop = torch.rand(r.batch_size, generator=g) < r.cond_dropout
+            cond[drop] = NULL
+            logits = model(cond, tokens[idx])
+            loss = F.cross_entropy(logits.reshape(-1, gcfg.vocab_size), tokens[idx].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        model.eval()
+        with torch.no_grad():
+            test_tokens = vq.encode(test.images)
+            logits = model(cls._conds(table, test.labels, g), test_tokens)
+            test_nll = F.cross_entropy(logits.reshape(-1, gcfg.vocab_size), test_tokens.reshape(-1)).item()
+        info = {"train_loss": loss.item(), "test_nll_per_token": test_nll, "vq_test_mse": recon_mse,
+                "n_params": sum(p.numel() for p in model.parameters()), "train_seconds": time.perf_counter() - t0}
+        return {"gpt": dataclasses.asdict(gcfg), "model": model.state_dict(), "codebook": vq.codebook,
+                "vq": {"patch": vq.patch, "channels": vq.channels, "image_size": vq.image_size},
+                "cond_table": table, "info": info}
+
+    @staticmethod
+    def _conds(table, labels, g):
+        templates = torch.randint(table.shape[1], (len(labels),), generator=g)
+        return table[labels, templates].clone()  # (B, P)
+
+    # ---- the DiscreteARTeacher protocol ---------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n conditions with uniformly drawn classes (and caption templates): (n, P)."""
+        labels = torch.randint(self.cond_table.shape[0], (n,), generator=generator)
+        return self._conds(self.cond_table.cpu(), labels, generator).to(self.cond_table.device)
+
+    def labels(self, cond: torch.Tensor) -> torch.Tensor:
+        """The class of each condition row."""
+        match = (self.cond_table.unsqueeze(0) == cond.view(len(cond), 1, 1, -1)).all(-1).any(-1)  # (B, classes)
+        return match.float().argmax(-1)
+
+    @torch.no_grad()
+    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[ARState, torch.Tensor]:
+        B, P = cond.shape
+        if cfg != 1.0:
+            cond = torch.cat([cond, torch.full_like(cond, NULL)])  # second half: the unconditional branch
+        cache = self.model.new_cache(cond.shape[0])
+        state = ARState(cache, cfg, B, P)
+        return state, self._guide(state, self.model.prefill(cond, cache))
+
+    @torch.no_grad()
+    def extend(self, state: ARState, tokens: torch.Tensor) -> torch.Tensor:
+        if state.cfg != 1.0:
+            tokens = torch.cat([tokens, tokens])  # both CFG branches see the same image tokens
+        return self._guide(state, self.model.extend(tokens, state.cache))
+
+    def rollback(self, state: ARState, length: int) -> None:
+        state.cache.truncate(state.cond_len + length)
+
+    @staticmethod
+    def _guide(state: ARState, logits: torch.Tensor) -> torch.Tensor:
+        if state.cfg == 1.0:
+            return logits
+        cond, uncond = logits[: state.batch], logits[state.batch :]
+        return uncond + state.cfg * (cond - uncond)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vq.decode(tokens)
+
+    def sample(self, cond, *, generator, sampling: discrete_ar.SamplingConfig, greedy: bool = False) -> Samples:
+        return discrete_ar.sample_ar(self, cond, sampling, generator=generator, greedy=greedy)

@@ -1,0 +1,81 @@
+"""Tiny fake teachers, one per family, small enough to enumerate every output exactly."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from teachers import discrete_ar
+
+
+@dataclass
+class _TableState:
+    tokens: list
+    cfg: float
+    batch: int
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class TableAR:
+    """A discrete AR 'model' whose next-token logits are a random table indexed by the whole prefix.
+
+    Every prefix gets its own distribution, so verification bugs that only a real prefix dependence exposes are not
+    hidden. `extend` also records every prefix it was asked about, for KV-rollback checks.
+    """
+
+    family: ClassVar[str] = discrete_ar.FAMILY
+
+    def __init__(self, vocab=3, seq_len=4, grid=(2, 2), seed=0, sharpness=1.5):
+        g = torch.Generator().manual_seed(seed)
+        self.vocab_size, self.seq_len, self.grid = vocab, seq_len, grid
+        n_prefixes = sum(vocab**k for k in range(seq_len))
+        self._cond = sharpness * torch.randn(n_prefixes, vocab, generator=g)
+        self._uncond = sharpness * torch.randn(n_prefixes, vocab, generator=g)
+
+    def _index(self, prefix) -> int:
+        offset = sum(self.vocab_size**k for k in range(len(prefix)))
+        return offset + sum(int(t) * self.vocab_size**i for i, t in enumerate(prefix))
+
+    def _logits(self, prefix, cfg):
+        i = self._index(prefix)
+        c, u = self._cond[i], self._uncond[i]
+        return c if cfg == 1.0 else u + cfg * (c - u)
+
+    def conditions(self, n, generator):
+        return torch.zeros(n, 1, dtype=torch.long)
+
+    def start(self, cond, *, cfg):
+        assert cond.shape[0] == 1, "the table model decodes one sequence"
+        state = _TableState([], cfg, 1)
+        return state, self._logits([], cfg).unsqueeze(0)
+
+    def extend(self, state, tokens):
+        rows = []
+        for t in tokens[0].tolist():
+            state.tokens.append(t)
+            rows.append(self._logits(state.tokens, state.cfg))
+        return torch.stack(rows).unsqueeze(0)  # (1, L, V)
+
+    def rollback(self, state, length):
+        del state.tokens[length:]
+
+    def decode(self, tokens):
+        return tokens.float().view(len(tokens), 1, *self.grid) / max(1, self.vocab_size - 1)
+
+    def sample(self, cond, *, generator, sampling, greedy=False):
+        return discrete_ar.sample_ar(self, cond, sampling, generator=generator, greedy=greedy)
+
+    def exact_distribution(self, s: discrete_ar.SamplingConfig) -> dict[tuple, float]:
+        """Probability of every sequence under the processed (CFG, temperature, top-k) sampling distribution."""
+        out = {}
+        for seq in itertools.product(range(self.vocab_size), repeat=self.seq_len):
+            p = 1.0
+            for i in range(self.seq_len):
+                p *= float(discrete_ar.process(self._logits(list(seq[:i]), s.cfg), s)[seq[i]])
+            out[seq] = p
+        return out
