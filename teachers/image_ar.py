@@ -96,6 +96,7 @@ class ImageARTeacher:
         self.vocab_size = model.cfg.vocab_size
         self.grid = vq.grid
         self.dataset_name = self.recipe.dataset
+        self.image_size = self.recipe.image_size
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod

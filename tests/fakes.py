@@ -79,3 +79,25 @@ class TableAR:
                 p *= float(discrete_ar.process(self._logits(list(seq[:i]), s.cfg), s)[seq[i]])
             out[seq] = p
         return out
+
+
+def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2):
+    """An untrained raster transformer wrapped as an image AR teacher: real KV cache, CFG branches, no training."""
+    from teachers.gpt import GPT, GPTConfig
+    from teachers.image_ar import ImageARRecipe, ImageARTeacher
+    from teachers.patch_vq import PatchQuantizer
+
+    class Tiny(ImageARTeacher):
+        recipe = ImageARRecipe(dataset="digits", conditioning="class", image_size=grid[0] * 2, patch=2)
+
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=vocab, cond_vocab=13, cond_len=cond_len, seq_len=grid[0] * grid[1], n_layer=2,
+                    n_head=2, n_embd=32)
+    model = GPT(cfg)
+    for p in model.parameters():  # larger weights than the init, so the logits depend strongly on the prefix
+        p.data.mul_(8.0)
+    vq = PatchQuantizer(torch.rand(vocab, 4), patch=2, channels=1, image_size=grid[0] * 2)
+    table = (torch.arange(10).view(10, 1, 1) + 3).expand(10, 1, cond_len).clone()
+    teacher = Tiny("tiny", model, vq, table, {})
+    teacher.grid = grid  # the quantizer is square; the raster of this fake is not, to catch row/col mix-ups
+    return teacher

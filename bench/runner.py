@@ -1,0 +1,180 @@
+"""The runner: one trial = teacher -> fit -> warm-up -> timed sampling of both arms -> metrics -> one MLflow run.
+
+The reference arm (the teacher's own sampler with the method's sampling settings) runs in the same process, on the
+same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up is a ratio
+measured side by side under the same machine load.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from bench.cache import Cache
+from bench.config import build_config, config_dict
+from bench.envinfo import environment_tags, resolve_device
+from bench.errors import UserError
+from bench.registry import METHODS, METRICS, TEACHERS
+from bench.samples import Samples
+from bench.timing import latency_stats, stopwatch
+from bench.tracking import Tracker
+from bench.trial import Trial
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    warmup: int = 2  # batches per arm before timing starts
+    threads: int = 1  # torch intra-op threads while sampling (tiny models run faster on 1 thread here)
+    progress: bool = True
+
+
+@dataclass
+class Plan:
+    """A validated trial: everything resolved, nothing built yet."""
+
+    trial: Trial  # params resolved to the full config
+    teacher_cls: Any
+    method_cls: Any
+    config: Any
+    reference: str
+    reference_config: Any
+    metric_classes: list
+    device: torch.device
+
+
+def plan(trial: Trial) -> Plan:
+    """Validate a trial before any work: names, family compatibility, knobs, batch size, device."""
+    teacher_cls = TEACHERS.get(trial.teacher)
+    method_cls = METHODS.get(trial.method)
+    metric_classes = [METRICS.get(m) for m in trial.metrics]
+    if teacher_cls.family not in method_cls.families:
+        raise UserError(f"method {trial.method!r} does not accept teacher {trial.teacher!r} (family "
+                        f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
+    config = build_config(method_cls.Config, trial.params, owner=f"method {trial.method!r}")
+    if method_cls.batch_size_one and trial.batch_size != 1:
+        raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
+                        f"got {trial.batch_size}")
+    try:
+        device = resolve_device(trial.device)
+    except RuntimeError:
+        raise UserError(f"trial: unknown device {trial.device!r}; use auto, cpu, cuda or cuda:N") from None
+    ref_cls = METHODS.get(teacher_cls.reference_method)
+    shared = {f.name for f in dataclasses.fields(ref_cls.Config)}
+    ref_config = ref_cls.Config(**{k: v for k, v in config_dict(config).items() if k in shared})
+    resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
+    return Plan(resolved, teacher_cls, method_cls, config, teacher_cls.reference_method, ref_config,
+                metric_classes, device)
+
+
+@dataclass
+class ArmResult:
+    samples: torch.Tensor
+    cond: torch.Tensor
+    batch_seconds: list[float]
+    batch_sizes: list[int]
+    counters: Counter
+    compression: list[float]  # tokens per forward pass of each batch (per image at batch size 1)
+
+
+def _batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device):
+    gens = {name: torch.Generator(device).manual_seed(trial.seed) for name in arms}
+    warm = torch.Generator(device).manual_seed(trial.seed + 1_000_003)
+    for _ in range(opts.warmup):
+        for method in arms.values():
+            method.sample(conds[: trial.batch_size], generator=warm)
+    results = {name: ArmResult([], [], [], [], Counter(), []) for name in arms}
+    for sl in tqdm(_batches(trial.n_samples, trial.batch_size), desc="sampling", unit="batch",
+                   disable=not opts.progress, leave=False):
+        for name, method in arms.items():
+            r = results[name]
+            with stopwatch(device, r.batch_seconds):
+                out: Samples = method.sample(conds[sl], generator=gens[name])
+            r.samples.append(out.data)
+            r.cond.append(out.cond)
+            r.batch_sizes.append(sl.stop - sl.start)
+            r.counters.update(out.counters)
+            r.compression.append(out.counters["tokens"] / out.counters["nfe"])
+    for r in results.values():
+        r.samples, r.cond = torch.cat(r.samples), torch.cat(r.cond)
+    return results
+
+
+def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
+    m = latency_stats(r.batch_seconds, r.batch_sizes)
+    m["nfe_per_sample"] = r.counters["nfe"] / n
+    m["step_compression"] = sum(r.compression) / len(r.compression)
+    if r.counters["drafts_verified"]:
+        m["acceptance_rate"] = r.counters["drafts_accepted"] / r.counters["drafts_verified"]
+    return m
+
+
+def _quality(metric_classes, teacher, images: torch.Tensor, cond, cache, device) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for cls in metric_classes:
+        metric = cls(teacher, cache=cache, device=device)
+        for sl in _batches(len(images), 256):
+            metric.update(images[sl], cond[sl])
+        out.update(metric.compute())
+    return out
+
+
+def _grid_png(images: torch.Tensor) -> bytes:
+    from torchvision.utils import save_image
+
+    buf = io.BytesIO()
+    big = torch.nn.functional.interpolate(images[:64].float().cpu(), scale_factor=4, mode="nearest")
+    save_image(big, buf, nrow=8, format="png", padding=2, pad_value=0.5)
+    return buf.getvalue()
+
+
+def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions()) -> dict[str, float]:
+    """Run one trial and log it as one MLflow run; returns the logged metrics."""
+    p = plan(trial)
+    t = p.trial
+    teacher = p.teacher_cls.load(t.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
+    threads_before = torch.get_num_threads()  # training uses every core; sampling uses opts.threads
+    torch.set_num_threads(opts.threads)
+    try:
+        return _run(p, teacher, cache, tracker, opts)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions) -> dict[str, float]:
+    t = p.trial
+    tags = {"accelbench.kind": "trial", "trial_key": t.key(), "teacher_key": p.teacher_cls.key(),
+            "family": p.teacher_cls.family, **environment_tags(p.device)}
+    with tracker.run(f"{t.method}:{t.teacher}:s{t.seed}", tags) as log:
+        params = {k: v for k, v in t.to_dict().items() if k != "params"}
+        params.update({f"params.{k}": v for k, v in t.params.items()})
+        params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
+                       "threads": opts.threads})
+        log.log(params=params)
+        method = p.method_cls(teacher, p.config)
+        fit_info = method.fit(cache=cache)
+        arms = {"method": method, "ref": METHODS.get(p.reference)(teacher, p.reference_config)}
+        conds = teacher.conditions(t.n_samples, torch.Generator().manual_seed(t.seed)).to(p.device)
+        results = _sample_arms(arms, conds, t, opts, p.device)
+        metrics = {f"fit/{k}": v for k, v in fit_info.items()}
+        images = {}
+        for name, r in results.items():
+            prefix = "" if name == "method" else "ref/"
+            images[name] = teacher.decode(r.samples)
+            arm = _arm_metrics(r, t.n_samples)
+            arm.update(_quality(p.metric_classes, teacher, images[name], r.cond, cache, p.device))
+            metrics.update({prefix + k: v for k, v in arm.items()})
+        metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
+        metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
+        log.log(metrics=metrics)
+        log.log_files({"samples.png": _grid_png(images["method"]), "ref_samples.png": _grid_png(images["ref"]),
+                       "trial.yaml": t.to_yaml().encode()})
+    return metrics

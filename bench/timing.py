@@ -1,0 +1,32 @@
+"""Latency statistics from per-batch wall times (the harness times; methods never do)."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+
+@contextmanager
+def stopwatch(device: torch.device, out: list[float]):
+    """Append the wall time of the block to `out`, waiting for queued device work on both ends."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    yield
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    out.append(time.perf_counter() - t0)
+
+
+def latency_stats(batch_seconds: list[float], batch_sizes: list[int]) -> dict[str, float]:
+    t = np.asarray(batch_seconds, dtype=np.float64)
+    per_sample = t / np.asarray(batch_sizes, dtype=np.float64)  # the last batch may be smaller
+    return {
+        "sec_per_batch_median": float(np.median(t)),
+        "sec_per_batch_p90": float(np.percentile(t, 90)),
+        "sec_per_sample_median": float(np.median(per_sample)),
+        "sec_per_sample_p90": float(np.percentile(per_sample, 90)),
+        "samples_per_sec": float(sum(batch_sizes) / t.sum()),
+    }

@@ -1,0 +1,82 @@
+"""MLflow logging of trials and teacher trainings, through `MlflowClient` with batched calls.
+
+Default store: a SQLite file in the working directory (`sqlite:///mlflow.db`); `--tracking-uri` or
+`MLFLOW_TRACKING_URI` override it. A run is always ended: FINISHED, FAILED, or KILLED on interruption.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from bench.errors import UserError
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+TRAINING_EXPERIMENT = "accelbench-training"
+
+
+def tracking_uri(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+class Tracker:
+    def __init__(self, uri: str, experiment: str):
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        self.experiment_id = self._experiment(experiment)
+
+    def _experiment(self, name: str) -> str:
+        try:
+            exp = self.client.get_experiment_by_name(name)
+            return exp.experiment_id if exp is not None else self.client.create_experiment(name)
+        except Exception as exc:  # any backend failure: say which store, before any work starts
+            raise UserError(f"cannot reach the MLflow tracking store {self.uri}: {str(exc).splitlines()[0]}") from None
+
+    @contextmanager
+    def run(self, name: str, tags: dict[str, str], experiment: str | None = None) -> Iterator["RunLog"]:
+        exp_id = self._experiment(experiment) if experiment else self.experiment_id
+        run = self.client.create_run(exp_id, run_name=name, tags=tags)
+        log = RunLog(self.client, run.info.run_id)
+        try:
+            yield log
+        except KeyboardInterrupt:
+            self.client.set_terminated(run.info.run_id, "KILLED")
+            raise
+        except BaseException:
+            self.client.set_terminated(run.info.run_id, "FAILED")
+            raise
+        self.client.set_terminated(run.info.run_id, "FINISHED")
+
+    def log_training(self, name: str, key: str, params: dict[str, Any], info: dict[str, float]) -> None:
+        """A teacher (or student) training is a run of its own, in the training experiment."""
+        with self.run(f"train:{name}", {"accelbench.kind": "training", "cache_key": key},
+                      experiment=TRAINING_EXPERIMENT) as log:
+            log.log(params=params, metrics=info)
+
+
+class RunLog:
+    def __init__(self, client, run_id: str):
+        self.client, self.run_id = client, run_id
+
+    def log(self, *, params: dict[str, Any] | None = None, metrics: dict[str, float] | None = None,
+            tags: dict[str, str] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            self.run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in sorted((metrics or {}).items())],
+            params=[Param(k, str(v)) for k, v in sorted((params or {}).items())],
+            tags=[RunTag(k, str(v)) for k, v in sorted((tags or {}).items())],
+        )
+
+    def log_files(self, files: dict[str, bytes]) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in files.items():
+                (Path(tmp) / name).write_bytes(data)
+            self.client.log_artifacts(self.run_id, tmp)
