@@ -117,14 +117,11 @@ def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     return m
 
 
-def _quality(metric_classes, teacher, images: torch.Tensor, cond, cache, device) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for cls in metric_classes:
-        metric = cls(teacher, cache=cache, device=device)
-        for sl in _batches(len(images), 256):
-            metric.update(images[sl], cond[sl])
-        out.update(metric.compute())
-    return out
+def _quality(metric, images: torch.Tensor, cond) -> dict[str, float]:
+    metric.reset()  # one metric object scores both arms against the same reference side
+    for sl in _batches(len(images), 256):
+        metric.update(images[sl], cond[sl])
+    return metric.compute()
 
 
 def _grid_png(images: torch.Tensor) -> bytes:
@@ -165,12 +162,14 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions) -> 
         conds = teacher.conditions(t.n_samples, torch.Generator().manual_seed(t.seed)).to(p.device)
         results = _sample_arms(arms, conds, t, opts, p.device)
         metrics = {f"fit/{k}": v for k, v in fit_info.items()}
+        scorers = [cls(teacher, cache=cache, device=p.device) for cls in p.metric_classes]
         images = {}
         for name, r in results.items():
             prefix = "" if name == "method" else "ref/"
             images[name] = teacher.decode(r.samples)
             arm = _arm_metrics(r, t.n_samples)
-            arm.update(_quality(p.metric_classes, teacher, images[name], r.cond, cache, p.device))
+            for scorer in scorers:
+                arm.update(_quality(scorer, images[name], r.cond))
             metrics.update({prefix + k: v for k, v in arm.items()})
         metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
         metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]

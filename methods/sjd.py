@@ -75,63 +75,63 @@ class _Drafter:
     def __init__(self, scheme: str, vocab: int, row: int, generator):
         self.scheme, self.vocab, self.row, self.generator = scheme, vocab, row, generator
 
-    def __call__(self, pos: int, seq: torch.Tensor, dists: torch.Tensor) -> int:
+    def fill(self, start: int, stop: int, seq: torch.Tensor, dists: torch.Tensor) -> None:
+        """Write drafts into seq[start:stop] and their one-hot distributions into dists[start:stop]."""
         if self.scheme == "random":
-            return int(torch.randint(self.vocab, (1,), generator=self.generator, device=seq.device))
-        above = self.scheme.endswith("above") and pos >= self.row
-        src = pos - self.row if above else pos - 1
-        if self.scheme.startswith("repeat"):
-            return int(seq[src])
-        return int(draw(dists[src], self.generator))
+            seq[start:stop] = torch.randint(self.vocab, (stop - start,), generator=self.generator, device=seq.device)
+        elif self.scheme == "repeat-left":  # every new draft repeats its left neighbour: the last known token
+            seq[start:stop] = seq[start - 1]
+        else:  # the source may be a slot filled in this same call, so go left to right
+            for pos in range(start, stop):
+                above = self.scheme.endswith("above") and pos >= self.row
+                src = pos - self.row if above else pos - 1
+                seq[pos] = seq[src] if self.scheme.startswith("repeat") else draw(dists[src], self.generator)
+                dists[pos].zero_()[seq[pos]] = 1.0
+        dists[start:stop] = 0.0
+        dists[start:stop].scatter_(1, seq[start:stop, None], 1.0)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, greedy: bool = False):
     """Decode one sequence (cond: (1, P)); returns tokens (N,) and counters."""
     N, V = teacher.seq_len, teacher.vocab_size
     drafter = _Drafter(c.init, V, teacher.grid[1], generator)
     state, logits = teacher.start(cond, cfg=c.cfg)
     P0 = process(logits[0], c)  # (V,)
-    seq = torch.zeros(N, dtype=torch.long, device=P0.device)  # committed, then pending, then drafts
-    dists = torch.zeros(N, V, device=P0.device)  # latest predicted (or one-hot draft) distribution per position
+    # Positions [0, n_out) are committed (their keys/values cached), n_out holds the pending token, and
+    # (n_out, n_out + n_drafts] the drafts. dists holds each position's draft distribution q (one-hot for fresh
+    # drafts, the predicted distribution for refined ones) and, once decided, its predicted distribution.
+    seq = torch.zeros(N, dtype=torch.long, device=P0.device)
+    dists = torch.zeros(N, V, device=P0.device)
     seq[0], dists[0] = draw(P0, generator, greedy), P0
-    n_out = 0  # committed tokens; their keys/values are cached. seq[n_out] is the pending token.
-    drafts = torch.zeros(0, dtype=torch.long, device=P0.device)
-    qs = torch.zeros(0, V, device=P0.device)
+    n_out, n_drafts = 0, 0
     counts = Counter(nfe=1, tokens=N)
     while n_out + 1 < N:
         remaining = N - 1 - n_out  # positions after the pending token
         L = 1 if n_out + 1 < c.ar_head else min(c.window, max(1, remaining - c.ar_tail))
-        drafts, qs = drafts[: L - 1], qs[: L - 1]
-        seq[n_out + 1 : n_out + 1 + len(drafts)] = drafts
-        dists[n_out + 1 : n_out + 1 + len(drafts)] = qs
-        new = []
-        for pos in range(n_out + 1 + len(drafts), n_out + L):
-            seq[pos] = drafter(pos, seq, dists)
-            dists[pos] = torch.nn.functional.one_hot(seq[pos], V).float()
-            new.append(pos)
-        drafts = seq[n_out + 1 : n_out + L].clone()
-        qs = dists[n_out + 1 : n_out + L].clone()
+        n_drafts = min(n_drafts, L - 1)
+        if n_drafts < L - 1:
+            drafter.fill(n_out + 1 + n_drafts, n_out + L, seq, dists)
+        drafts, qs = seq[n_out + 1 : n_out + L], dists[n_out + 1 : n_out + L]
         P = process(teacher.extend(state, seq[n_out : n_out + L].view(1, L))[0], c)  # (L, V); row t predicts n_out+1+t
         counts["nfe"] += 1
         S = draw(P, generator, greedy)  # this pass's tokens: refinements and the bonus token
-        if len(drafts):
+        if L > 1:
             n_ok, replacement = rule(P, drafts, qs, S, generator)
             counts["drafts_verified"] += n_ok + (replacement is not None)
             counts["drafts_accepted"] += n_ok
         else:
             n_ok, replacement = 0, None
-        committed = 1 + n_ok  # the pending token and the accepted drafts
-        teacher.rollback(state, n_out + committed)
-        pend = n_out + committed
+        pend = n_out + 1 + n_ok  # the pending token and the accepted drafts are committed
+        teacher.rollback(state, pend)
         if replacement is None:  # every draft accepted: the last row gives a bonus token
             seq[pend], dists[pend] = S[L - 1], P[L - 1]
-            drafts, qs = drafts[:0], qs[:0]
-        else:
+            n_drafts = 0
+        else:  # Eq. 3: the positions after the rejection take this pass's samples and distributions as drafts
             seq[pend], dists[pend] = replacement, P[n_ok]
-            keep = slice(n_ok + 1, L) if c.refine else slice(0, 0)
-            drafts, qs = S[keep], P[keep]
-            dists[pend + 1 : pend + 1 + len(drafts)] = qs
+            n_drafts = L - 1 - n_ok if c.refine else 0  # rows n_ok+1 .. L-1, the bonus row included
+            seq[pend + 1 : pend + 1 + n_drafts] = S[n_ok + 1 : L][:n_drafts]
+            dists[pend + 1 : pend + 1 + n_drafts] = P[n_ok + 1 : L][:n_drafts]
         n_out = pend
     return seq, counts
 

@@ -72,12 +72,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool = 
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def sample_ar(teacher: DiscreteARTeacher, cond, s: SamplingConfig, *, generator, greedy: bool = False) -> Samples:
     """The teacher's own token-by-token sampler: one forward pass per token, batched over sequences."""
     B, N = cond.shape[0], teacher.seq_len
     state, logits = teacher.start(cond, cfg=s.cfg)
-    tokens = torch.empty(B, N, dtype=torch.long)
+    tokens = torch.empty(B, N, dtype=torch.long, device=cond.device)
     tokens[:, 0] = draw(process(logits, s), generator, greedy)
     for i in range(1, N):
         logits = teacher.extend(state, tokens[:, i - 1 : i])[:, -1]

@@ -54,7 +54,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.dropout = cfg.dropout
 
-    def forward(self, x, layer: int | None = None, cache: KVCache | None = None):
+    def forward(self, x, layer: int | None = None, cache: KVCache | None = None, mask=None):
         B, L, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = (t.view(B, L, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, L, hd)
@@ -66,10 +66,6 @@ class CausalSelfAttention(nn.Module):
             cache.v[layer, :, :, start : start + L] = v
             k_all = cache.k[layer, :, :, : start + L]  # (B, H, start+L, hd)
             v_all = cache.v[layer, :, :, : start + L]
-            # New token t sits at absolute position start+t and may see positions <= start+t.
-            mask = None
-            if L > 1:
-                mask = torch.ones(L, start + L, dtype=torch.bool, device=x.device).tril(diagonal=start)
             y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, L, C)
         return self.proj(y)
@@ -85,8 +81,8 @@ class Block(nn.Module):
             nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x, layer=None, cache=None):
-        x = x + self.attn(self.ln1(x), layer, cache)
+    def forward(self, x, layer=None, cache=None, mask=None):
+        x = x + self.attn(self.ln1(x), layer, cache, mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -113,26 +109,24 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def _embed(self, cond, tokens, start: int):
-        parts = []
-        if cond is not None:
-            parts.append(self.cond_emb(cond))  # (B, P, C)
-        if tokens is not None:
-            parts.append(self.tok_emb(tokens))  # (B, L, C)
-        x = torch.cat(parts, dim=1)
-        pos = torch.arange(start, start + x.shape[1], device=x.device)
-        return self.drop(x + self.pos_emb(pos))
+    def _embed(self, x, start: int):
+        return self.drop(x + self.pos_emb.weight[start : start + x.shape[1]])
 
     def _run(self, x, cache=None):
+        mask = None
+        if cache is not None and x.shape[1] > 1:
+            # New token t sits at absolute position start+t and may see positions <= start+t.
+            L, start = x.shape[1], cache.length
+            mask = torch.ones(L, start + L, dtype=torch.bool, device=x.device).tril(diagonal=start)
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache)
+            x = block(x, i, cache, mask)
         if cache is not None:
             cache.length += x.shape[1]
         return self.head(self.ln_f(x))
 
     def forward(self, cond, tokens):
         """Teacher-forced logits for every image token: cond (B, P), tokens (B, N) -> (B, N, V)."""
-        x = self._embed(cond, tokens[:, :-1], 0)  # (B, P+N-1, C)
+        x = self._embed(torch.cat([self.cond_emb(cond), self.tok_emb(tokens[:, :-1])], dim=1), 0)  # (B, P+N-1, C)
         return self._run(x)[:, self.cfg.cond_len - 1 :]
 
     def new_cache(self, batch: int) -> KVCache:
@@ -141,8 +135,8 @@ class GPT(nn.Module):
 
     def prefill(self, cond, cache: KVCache):
         """Consume the condition; return the logits of the first image token, (B, V)."""
-        return self._run(self._embed(cond, None, 0), cache)[:, -1]
+        return self._run(self._embed(self.cond_emb(cond), 0), cache)[:, -1]
 
     def extend(self, tokens, cache: KVCache):
         """Append image tokens (B, L) after the cached ones; logits (B, L, V), row t predicts the token after t."""
-        return self._run(self._embed(None, tokens, cache.length), cache)
+        return self._run(self._embed(self.tok_emb(tokens), cache.length), cache)

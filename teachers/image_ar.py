@@ -183,7 +183,7 @@ class ImageARTeacher:
         match = (self.cond_table.unsqueeze(0) == cond.view(len(cond), 1, 1, -1)).all(-1).any(-1)  # (B, classes)
         return match.float().argmax(-1)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[ARState, torch.Tensor]:
         B, P = cond.shape
         if cfg != 1.0:
@@ -192,7 +192,7 @@ class ImageARTeacher:
         state = ARState(cache, cfg, B, P)
         return state, self._guide(state, self.model.prefill(cond, cache))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def extend(self, state: ARState, tokens: torch.Tensor) -> torch.Tensor:
         if state.cfg != 1.0:
             tokens = torch.cat([tokens, tokens])  # both CFG branches see the same image tokens

@@ -1,0 +1,161 @@
+"""Offline feature extractors for image metrics: a small CNN classifier trained on the teacher's own dataset.
+
+The standard Inception / CLIP extractors need downloaded weights, so the default FID/IS/precision/recall extractor is a
+classifier trained from scratch on the dataset's train split (cached on disk by config hash, a few seconds on CPU).
+Its pooled penultimate activations are the features; metric names carry `DatasetClassifier.name` so a number always
+says which extractor produced it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bench.cache import Cache, config_key
+from teachers.datasets import load_image_dataset
+
+EXTRACTOR_VERSION = 1  # bump when training code changes what a recipe produces
+
+
+@dataclass(frozen=True)
+class ClassifierRecipe:
+    dataset: str
+    image_size: int
+    width: int = 16  # channels of the first block; the blocks have width, 2*width, 4*width
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 1e-2
+    weight_decay: float = 1e-4
+    seed: int = 0
+
+
+class ClassifierNet(nn.Module):
+    """Three conv-BN-ReLU blocks (two 2x max-pools between them), global average pooling, a linear head."""
+
+    def __init__(self, channels: int, classes: int, width: int):
+        super().__init__()
+
+        def block(c_in: int, c_out: int) -> list[nn.Module]:
+            return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+
+        self.body = nn.Sequential(*block(channels, width), nn.MaxPool2d(2), *block(width, 2 * width), nn.MaxPool2d(2),
+                                  *block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(4 * width, classes)
+        self.num_features = 4 * width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class DatasetClassifier(nn.Module):
+    """A trained `ClassifierNet`, frozen in eval mode, that checks its input images."""
+
+    def __init__(self, name: str, net: ClassifierNet, channels: int, image_size: int, test_accuracy: float,
+                 info: dict):
+        super().__init__()
+        self.name, self.net = name, net.requires_grad_(False)
+        self.channels, self.image_size = channels, image_size
+        self.num_features = net.num_features
+        self.test_accuracy, self.info = test_accuracy, info
+        self.eval()
+
+    def train(self, mode: bool = True) -> "DatasetClassifier":
+        # BatchNorm in train mode would normalise with batch statistics, making features depend on the batch;
+        # a parent's `.train()` (a torchmetrics Metric is an nn.Module) must not switch that on.
+        return super().train(False)
+
+    def _check(self, images: torch.Tensor) -> None:
+        expected = (self.channels, self.image_size, self.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected or not images.is_floating_point():
+            raise ValueError(f"{self.name} expects float images (B, {', '.join(map(str, expected))}) in [0, 1]; "
+                             f"got {images.dtype} {tuple(images.shape)}")
+
+    @torch.no_grad()
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """Pooled penultimate activations (B, num_features) of float images (B, C, H, W) in [0, 1]."""
+        self._check(images)
+        return self.net.body(images)
+
+    @torch.no_grad()
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, classes) of float images (B, C, H, W) in [0, 1]."""
+        self._check(images)
+        return self.net(images)
+
+
+class TorchmetricsFeature(nn.Module):
+    """`DatasetClassifier.features` as the `feature=` module of torchmetrics' FID / KID.
+
+    torchmetrics 1.9.0 passes the images given to `update` to a custom module unchanged (its uint8 conversion under
+    `normalize=True` applies only to its own Inception) and reads the feature dimension from `num_features` (without
+    it, it would probe the module with a (1, 3, 299, 299) dummy image). So this accepts float images in [0, 1] or
+    uint8 images in [0, 255], and RGB images for a grey-scale classifier. Features are returned in float64 because
+    torchmetrics casts the final distance back to the features' dtype.
+    """
+
+    def __init__(self, classifier: DatasetClassifier):
+        super().__init__()
+        self.classifier = classifier
+        self.num_features = classifier.num_features
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype == torch.uint8:
+            images = images.float() / 255.0
+        if images.dim() == 4 and images.shape[1] == 3 and self.classifier.channels == 1:
+            images = images.mean(dim=1, keepdim=True)
+        return self.classifier.features(images).double()
+
+
+def _train(recipe: ClassifierRecipe) -> dict:
+    t0 = time.perf_counter()
+    train = load_image_dataset(recipe.dataset, "train", recipe.image_size)
+    test = load_image_dataset(recipe.dataset, "test", recipe.image_size)
+    channels, classes = train.images.shape[1], len(train.class_names)
+    arch = {"channels": channels, "classes": classes, "width": recipe.width}
+    g = torch.Generator().manual_seed(recipe.seed)
+    with torch.random.fork_rng(devices=[]):  # seeds parameter init without touching the caller's global RNG
+        torch.manual_seed(recipe.seed)
+        net = ClassifierNet(**arch)
+    opt = torch.optim.AdamW(net.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    n = len(train.labels)
+    steps_per_epoch = -(-n // recipe.batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch)
+    threads = torch.get_num_threads()
+    # One thread: the weights then do not depend on the core count (reduction order), and these tiny convolutions
+    # gain nothing from more threads; on a busy 2-core machine two threads made a step ~50x slower.
+    torch.set_num_threads(1)
+    try:
+        net.train()
+        for _ in range(recipe.epochs):
+            for idx in torch.randperm(n, generator=g).split(recipe.batch_size):
+                loss = F.cross_entropy(net(train.images[idx]), train.labels[idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+        net.eval()
+        with torch.no_grad():
+            test_accuracy = (net(test.images).argmax(-1) == test.labels).float().mean().item()
+    finally:
+        torch.set_num_threads(threads)
+    info = {"train_loss": loss.item(), "n_params": sum(p.numel() for p in net.parameters()),
+            "n_train": n, "n_test": len(test.labels), "train_seconds": time.perf_counter() - t0}
+    return {"config": dataclasses.asdict(recipe), "arch": arch, "state_dict": net.state_dict(),
+            "test_accuracy": test_accuracy, "info": info}
+
+
+def load_classifier(dataset: str, image_size: int, *, cache: Cache, device: torch.device) -> DatasetClassifier:
+    """The dataset's classifier at this image size: loaded from `cache`, or trained and cached on first use."""
+    recipe = ClassifierRecipe(dataset=dataset, image_size=image_size)
+    key = config_key(dataclasses.asdict(recipe), EXTRACTOR_VERSION)
+    blob, cached = cache.get_or_build("extractors", key, lambda: _train(recipe))
+    with torch.device("meta"):  # no random init (it would draw from the caller's global RNG) for weights we replace
+        net = ClassifierNet(**blob["arch"])
+    net.load_state_dict(blob["state_dict"], assign=True)
+    info = {**blob["info"], "cached": cached, "key": key}
+    return DatasetClassifier(f"{dataset}-cnn", net, blob["arch"]["channels"], image_size, blob["test_accuracy"],
+                             info).to(device)

@@ -1,0 +1,129 @@
+"""End to end through the CLI into a temporary SQLite MLflow store, and bad input that must fail cleanly."""
+import dataclasses
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from bench import cli
+from bench.registry import METHODS
+from methods.ar import AR
+from teachers import DigitsARText
+
+
+@pytest.fixture()
+def tiny_recipe(monkeypatch):
+    """The registered t2i teacher with a seconds-long training recipe (its cache key changes with the recipe)."""
+    recipe = dataclasses.replace(DigitsARText.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
+    monkeypatch.setattr(DigitsARText, "recipe", recipe)
+
+
+@pytest.fixture()
+def store(tmp_path):
+    return f"sqlite:///{tmp_path}/mlflow.db"
+
+
+def run_cli(store, cache_dir, *args):
+    return cli.main(["run", "--tracking-uri", store, "--cache-dir", str(cache_dir), "--warmup", "1",
+                     "--no-progress", *args])
+
+
+def all_runs(store):
+    client = MlflowClient(store)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(ids) if ids else []
+
+
+def test_sjd_trial_end_to_end(tiny_recipe, store, cache_dir, capsys):
+    code = run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=4",
+                   "--metric", "fid", "--n-samples", "6", "--seed", "3")
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "| sjd |" in out and store in out
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    assert run.info.status == "FINISHED"
+    m, p, tags = run.data.metrics, run.data.params, run.data.tags
+    for key in ("speedup_wall", "speedup_steps", "sec_per_sample_median", "sec_per_sample_p90",
+                "sec_per_batch_median", "samples_per_sec", "nfe_per_sample", "step_compression",
+                "acceptance_rate", "fid.digits-cnn", "ref/fid.digits-cnn", "ref/sec_per_sample_median"):
+        assert key in m, key
+    assert m["ref/nfe_per_sample"] == 64 and m["nfe_per_sample"] <= 64
+    assert m["speedup_steps"] == pytest.approx(m["ref/nfe_per_sample"] / m["nfe_per_sample"])
+    assert m["speedup_wall"] == pytest.approx(m["ref/sec_per_sample_median"] / m["sec_per_sample_median"])
+    assert p["params.window"] == "4" and p["n_samples"] == "6" and p["seed"] == "3" and p["reference"] == "ar"
+    for tag in ("trial_key", "git_sha", "torch_version", "mlflow_version", "cpu", "torch_threads", "device"):
+        assert tags.get(tag), tag
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"samples.png", "ref_samples.png", "trial.yaml"} <= artifacts
+    trial = yaml.safe_load(open(client.download_artifacts(run.info.run_id, "trial.yaml")))
+    assert trial["params"]["window"] == 4 and trial["method"] == "sjd"
+    training = client.get_experiment_by_name("accelbench-training")
+    assert training is not None and client.search_runs([training.experiment_id])
+
+
+def test_trial_yaml_file_gives_the_same_trial_key(tiny_recipe, store, cache_dir, tmp_path):
+    spec = {"teacher": "digits-ar-t2i", "method": "jacobi", "params": {"window": 3, "greedy": True},
+            "n_samples": 2, "seed": 1}
+    path = tmp_path / "trial.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert run_cli(store, cache_dir, str(path)) == 0
+    assert run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "jacobi", "--param", "window=3",
+                   "--param", "greedy=true", "--n-samples", "2", "--seed", "1") == 0
+    keys = {r.data.tags["trial_key"] for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "trial"}
+    assert len(keys) == 1
+
+
+class OtherFamilyMethod(AR):
+    """A method for a family no registered teacher belongs to."""
+
+    families = ("masked-diffusion-lm",)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i"),
+    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, jacobi"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: fid"),
+    (["--teacher", "digits-ar-t2i", "--method", "other"], "accepts: masked-diffusion-lm"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "windw=4"], "unknown knob 'windw'; valid:"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=big"], "'window' must be an integer"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=0"], "window must be >= 1"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "init=diagonal"], "'init' must be one of random"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "0"], "n_samples must be a positive integer"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--batch-size", "4"], "batch_size must be 1"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window"], "--param expects KEY=VALUE"),
+])
+def test_bad_input_is_one_clear_line_and_no_run(args, message, store, cache_dir, capsys, monkeypatch):
+    monkeypatch.setitem(METHODS._entries, "other", OtherFamilyMethod)
+    assert run_cli(store, cache_dir, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert all(r.info.status != "RUNNING" for r in all_runs(store))
+
+
+def test_validation_happens_before_any_work(store, tmp_path, capsys):
+    assert run_cli(store, tmp_path, "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "x=1") == 2
+    assert not any(tmp_path.iterdir())  # nothing trained, nothing cached
+
+
+@pytest.mark.parametrize("exc, status", [(RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED")])
+def test_a_run_that_dies_is_not_left_running(exc, status, tiny_recipe, store, cache_dir, monkeypatch):
+    def explode(self, cond, *, generator):
+        raise exc
+
+    monkeypatch.setattr(METHODS.get("sjd"), "sample", explode)
+    if isinstance(exc, KeyboardInterrupt):
+        assert run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "2") == 130
+    else:
+        with pytest.raises(RuntimeError):
+            run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "2")
+    trials = [r for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "trial"]
+    assert [r.info.status for r in trials] == [status]
+
+
+def test_list_shows_every_entry_with_families(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("digits-ar-c2i", "digits-ar-t2i", "ar", "jacobi", "sjd", "fid"):
+        assert name in out
+    assert "families: discrete-ar" in out

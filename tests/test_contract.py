@@ -1,0 +1,57 @@
+"""One contract test over every registry entry: teachers, methods and metrics."""
+import dataclasses
+
+import pytest
+import torch
+
+from bench.config import build_config
+from bench.errors import UserError
+from bench.registry import METHODS, METRICS, TEACHERS
+from bench.samples import Samples
+from tests.fakes import TableAR, tiny_gpt_teacher
+
+FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher]}
+
+
+@pytest.mark.parametrize("name", TEACHERS.names())
+def test_teacher_entry(name):
+    cls = TEACHERS.get(name)
+    assert cls.__doc__ and cls.family in FAKES, "every family needs a fake teacher in tests/fakes.py"
+    assert cls.reference_method in METHODS.names()
+    assert cls.key() == cls.key() and len(cls.key()) == 20
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_method_entry(name):
+    cls = METHODS.get(name)
+    assert cls.__doc__ and cls.families
+    cfg = cls.Config()  # defaults are valid
+    assert dataclasses.is_dataclass(cfg) and cls.Config.__dataclass_params__.frozen
+    with pytest.raises(UserError, match="no_such_knob"):
+        build_config(cls.Config, {"no_such_knob": 1}, owner=name)
+    for family in cls.families:
+        for make in FAKES[family]:
+            teacher = make()
+            cond = teacher.conditions(1, torch.Generator().manual_seed(0))
+            method = cls(teacher, cfg)
+            runs = [method.sample(cond, generator=torch.Generator().manual_seed(5)) for _ in range(2)]
+            out = runs[0]
+            assert isinstance(out, Samples) and out.data.shape == (1, teacher.seq_len)
+            assert out.data.dtype == torch.long and 0 <= out.data.min() and out.data.max() < teacher.vocab_size
+            assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
+            assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
+
+
+@pytest.mark.parametrize("name", METRICS.names())
+def test_metric_entry(name, tmp_path):
+    from bench.cache import Cache
+
+    cls = METRICS.get(name)
+    assert cls.__doc__ and isinstance(cls.higher_is_better, bool)
+    teacher = tiny_gpt_teacher()
+    teacher.dataset_name, teacher.image_size = "digits", 16
+    metric = cls(teacher, cache=Cache(tmp_path), device=torch.device("cpu"))
+    metric.update(torch.rand(8, 1, 16, 16), torch.zeros(8, 1, dtype=torch.long))
+    values = metric.compute()
+    assert values and all(k.startswith(name + ".") for k in values)
+    assert all(isinstance(v, float) for v in values.values())

@@ -1,0 +1,119 @@
+"""FID with the digits classifier extractor: parity with clean-fid, sanity, accuracy, caching and determinism."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from bench.cache import Cache
+from metrics import extractors
+from metrics.extractors import TorchmetricsFeature, load_classifier
+from metrics.fid import FID
+from teachers.datasets import load_image_dataset
+
+CPU = torch.device("cpu")
+TEACHER = SimpleNamespace(dataset_name="digits", image_size=16)  # all FID reads from a teacher
+PARITY_RTOL = 1e-6  # both sides get identical float64 features; measured difference ~1e-12 relative
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Cache:
+    return Cache(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def classifier(cache):
+    return load_classifier("digits", 16, cache=cache, device=CPU)
+
+
+@pytest.fixture(scope="module")
+def fid(cache, classifier):
+    return FID(TEACHER, cache=cache, device=CPU)
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    train = load_image_dataset("digits", "train", 16).images
+    return {"test": load_image_dataset("digits", "test", 16).images,
+            "train": train[torch.randperm(len(train), generator=g)[:360]],
+            "noise": torch.rand(360, 1, 16, 16, generator=g)}
+
+
+def _fid_of(fid: FID, fake: torch.Tensor) -> float:
+    fid.reset()
+    for batch in fake.split(100):
+        fid.update(batch, torch.zeros(len(batch), dtype=torch.long))
+    (value,) = fid.compute().values()
+    return value
+
+
+def test_classifier_accuracy_and_shapes(classifier, images):
+    assert classifier.name == "digits-cnn"
+    assert classifier.test_accuracy >= 0.97
+    x = images["test"][:5]
+    assert classifier.features(x).shape == (5, classifier.num_features)
+    assert classifier.logits(x).shape == (5, 10)
+
+
+def test_second_load_reads_the_cache(cache, classifier, images, monkeypatch):
+    monkeypatch.setattr(extractors, "_train", lambda recipe: pytest.fail("retrained although cached"))
+    again = load_classifier("digits", 16, cache=cache, device=CPU)
+    assert again.info["cached"] and not classifier.info["cached"]
+    assert torch.equal(again.features(images["test"]), classifier.features(images["test"]))
+
+
+def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path, classifier):
+    rng = torch.get_rng_state()
+    rebuilt = load_classifier("digits", 16, cache=Cache(tmp_path), device=CPU)
+    assert torch.equal(torch.get_rng_state(), rng)
+    a, b = classifier.state_dict(), rebuilt.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_torchmetrics_adaptor_accepts_uint8_and_rgb(classifier, images):
+    adaptor = TorchmetricsFeature(classifier)
+    x = (images["test"][:8] * 255).round() / 255  # exactly representable as uint8
+    expected = classifier.features(x).double()
+    assert adaptor.num_features == classifier.num_features
+    assert torch.equal(adaptor(x), expected)
+    assert torch.equal(adaptor((x * 255).round().to(torch.uint8)), expected)
+    torch.testing.assert_close(adaptor(x.expand(-1, 3, -1, -1)), expected, rtol=1e-5, atol=1e-6)  # mean rounds
+    adaptor.train()
+    assert not classifier.training  # batch statistics would make features depend on the batch
+    with pytest.raises(ValueError, match="digits-cnn expects"):
+        adaptor(torch.rand(2, 1, 8, 8))
+
+
+@pytest.mark.parametrize("fake", ["train", "noise"])
+@pytest.mark.filterwarnings("ignore:The `disp` argument is deprecated:DeprecationWarning")  # inside clean-fid
+def test_fid_matches_cleanfid_on_same_features(fid, classifier, images, fake):
+    from cleanfid.fid import fid_from_feats
+
+    ours = _fid_of(fid, images[fake])
+    reference = fid_from_feats(classifier.features(images["test"]).double().numpy(),
+                               classifier.features(images[fake]).double().numpy())
+    assert ours == pytest.approx(float(reference), rel=PARITY_RTOL)
+
+
+def test_fid_real_vs_real_is_far_below_real_vs_noise(fid, images):
+    real = _fid_of(fid, images["train"])
+    noise = _fid_of(fid, images["noise"])
+    assert 0 <= real < 2.0
+    assert noise > 20 * real
+    assert _fid_of(fid, images["train"]) == pytest.approx(real, rel=1e-9)  # reset kept the real statistics
+
+
+def test_registered_and_keys_are_mlflow_metric_names(fid, images):
+    from mlflow.utils.validation import _validate_metric_name
+
+    from bench.registry import METRICS
+
+    assert METRICS.get("fid") is FID and FID.higher_is_better is False
+    _fid_of(fid, images["train"][:50])
+    (key,) = fid.compute()
+    assert key == f"fid.{fid.extractor}" == "fid.digits-cnn"
+    _validate_metric_name(key)
+    assert np.isfinite(fid.compute()[key])
