@@ -55,10 +55,10 @@ def speculative_rule(P, drafts, qs, S, generator):
     p_d = P.gather(1, drafts[:, None]).squeeze(1)
     q_d = qs.gather(1, drafts[:, None]).squeeze(1)
     u = torch.rand(len(drafts), generator=generator, device=P.device)
-    ok = u < (p_d / q_d).clamp(max=1.0)  # Eq. 1
-    n_ok = int(ok.long().cumprod(0).sum())
-    if n_ok == len(drafts):
-        return n_ok, None
+    rejected = (u * q_d >= p_d).nonzero()  # Eq. 1: accept iff u < min(1, p/q), i.e. u * q < p for u in [0, 1)
+    if len(rejected) == 0:
+        return len(drafts), None
+    n_ok = int(rejected[0])
     return n_ok, draw(residual(P[n_ok], qs[n_ok]), generator)
 
 

@@ -57,7 +57,9 @@ def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
 
     The same distribution is used for sampling and for verification (SJD's p and q are both processed).
     """
-    logits = logits.float() / s.temperature
+    logits = logits.float()
+    if s.temperature != 1.0:
+        logits = logits / s.temperature
     if 0 < s.top_k < logits.shape[-1]:
         kth = torch.topk(logits, s.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
