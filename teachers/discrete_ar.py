@@ -44,6 +44,7 @@ class DiscreteARTeacher(Protocol):
     seq_len: int  # N image tokens
     vocab_size: int
     grid: tuple[int, int]  # (rows, cols) of the raster
+    codebook: torch.Tensor  # (vocab_size, D) code vectors behind the token ids
 
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[DecodeState, torch.Tensor]: ...

@@ -208,6 +208,11 @@ class ImageARTeacher:
         cond, uncond = logits[: state.batch], logits[state.batch :]
         return uncond + state.cfg * (cond - uncond)
 
+    @property
+    def codebook(self) -> torch.Tensor:
+        """(K, D) the tokenizer's code vectors (distillation methods flow into this space)."""
+        return self.vq.codebook
+
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vq.decode(tokens)
 

@@ -124,3 +124,24 @@ def test_fixed_seed_is_deterministic():
                           speculative_rule) for _ in range(2)]
     assert runs[0][0].tolist() == runs[1][0].tolist()
     assert runs[0][1] == runs[1][1]
+
+
+def test_sjd_through_the_transformer_kv_cache_matches_its_exact_distribution():
+    """The same chi-square test through the real model path: KV cache, rollback and both CFG branches."""
+    import itertools
+
+    teacher = tiny_gpt_teacher(vocab=4, grid=(2, 2))
+    config = SJDConfig(window=3, init="repeat-left", cfg=1.5, temperature=1.2)
+    cond = torch.tensor([[7, 7]])
+    seqs = torch.tensor(list(itertools.product(range(4), repeat=4)))  # all 256 sequences
+    with torch.no_grad():
+        c = teacher.model(cond.expand(len(seqs), -1), seqs)
+        u = teacher.model(torch.zeros_like(cond).expand(len(seqs), -1), seqs)
+    probs = discrete_ar.process(u + config.cfg * (c - u), config)  # (256, 4, V)
+    exact = probs.gather(2, seqs[..., None]).squeeze(2).double().prod(1)
+    g = torch.Generator().manual_seed(0)
+    counts = Counter(tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0].tolist())
+                     for _ in range(N_DRAWS))
+    observed = [counts[tuple(s.tolist())] for s in seqs]
+    expected = (exact / exact.sum() * N_DRAWS).tolist()
+    assert chisquare(observed, expected).pvalue > ALPHA
