@@ -1,4 +1,4 @@
-"""The `accelbench` command line: run a trial, list what is registered, open the MLflow UI."""
+"""The `accelbench` command line: run a trial or a suite, write a report, list what is registered, open the MLflow UI."""
 from __future__ import annotations
 
 import argparse
@@ -69,6 +69,39 @@ def format_result(method: str, m: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def cmd_suite(args) -> int:
+    from pathlib import Path
+
+    from bench.cache import Cache
+    from bench.runner import RunOptions
+    from bench.suite import load_suite, run_suite
+    from bench.tracking import Tracker, tracking_uri
+    from reports.report import write_report
+
+    suite = load_suite(args.file)  # every trial validated before anything runs
+    uri = tracking_uri(args.tracking_uri)
+    tracker = Tracker(uri, suite.experiment)
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
+    ran, skipped = run_suite(suite, tracker=tracker, cache=Cache(args.cache_dir), opts=opts, force=args.force)
+    print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
+    path = write_report(uri, suite.experiment, Path(args.out or Path("results") / suite.experiment))
+    print(f"report: {path}")
+    print(f"MLflow store: {uri}; browse with: accelbench ui" + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from bench.tracking import tracking_uri
+    from reports.report import write_report
+
+    path = write_report(tracking_uri(args.tracking_uri), args.experiment,
+                        Path(args.out or Path("results") / args.experiment), args.filter or "")
+    print(f"report: {path}")
+    return 0
+
+
 def cmd_list(args) -> int:
     from bench.registry import METHODS, METRICS, TEACHERS
 
@@ -101,6 +134,8 @@ def cmd_ui(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    uri_help = "MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    cache_help = "cache root (default $ACCELBENCH_CACHE or ~/.cache/accelbench)"
     p = argparse.ArgumentParser(prog="accelbench", description=__doc__)
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -116,18 +151,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     r.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
-    r.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    r.add_argument("--cache-dir", help="cache root (default $ACCELBENCH_CACHE or ~/.cache/accelbench)")
+    r.add_argument("--tracking-uri", help=uri_help)
+    r.add_argument("--cache-dir", help=cache_help)
     r.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
     r.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_run)
 
+    su = sub.add_parser("suite", help="run the trials of a suite file that are not finished yet, then write the report")
+    su.add_argument("file", help="suite YAML (see suites/default.yaml)")
+    su.add_argument("--tracking-uri", help=uri_help)
+    su.add_argument("--cache-dir", help=cache_help)
+    su.add_argument("--out", help="report directory (default results/<experiment>)")
+    su.add_argument("--force", action="store_true", help="rerun trials that already have a finished run")
+    su.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
+    su.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
+    su.add_argument("--no-progress", action="store_true", help="no progress bars")
+    su.set_defaults(func=cmd_suite)
+
+    rp = sub.add_parser("report", help="write REPORT.md and plots from an MLflow experiment")
+    rp.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    rp.add_argument("--filter", help="extra MLflow search filter, e.g. \"params.teacher = 'digits-ar-t2i'\"")
+    rp.add_argument("--out", help="report directory (default results/<experiment>)")
+    rp.add_argument("--tracking-uri", help=uri_help)
+    rp.set_defaults(func=cmd_report)
+
     ls = sub.add_parser("list", help="list registered teachers, methods and metrics")
     ls.set_defaults(func=cmd_list)
 
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store")
-    ui.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    ui.add_argument("--tracking-uri", help=uri_help)
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=cmd_ui)

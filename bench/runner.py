@@ -153,6 +153,7 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions) -> 
     with tracker.run(f"{t.method}:{t.teacher}:s{t.seed}", tags) as log:
         params = {k: v for k, v in t.to_dict().items() if k != "params"}
         params.update({f"params.{k}": v for k, v in t.params.items()})
+        params.update({f"ref.{k}": v for k, v in config_dict(p.reference_config).items()})
         params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
                        "threads": opts.threads})
         log.log(params=params)
@@ -173,7 +174,11 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions) -> 
             metrics.update({prefix + k: v for k, v in arm.items()})
         metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
         metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
-        log.log(metrics=metrics)
+        log.log(metrics=metrics, tags={
+            "key_knobs": ",".join(p.method_cls.key_knobs),
+            # Directions travel with the numbers, so a report needs nothing but the store.
+            **{f"higher_is_better.{k}": str(cls.higher_is_better).lower()
+               for cls in p.metric_classes for k in metrics if k.startswith(cls.name + ".")}})
         log.log_files({"samples.png": _grid_png(images["method"]), "ref_samples.png": _grid_png(images["ref"]),
                        "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -19,6 +19,7 @@ class AR(Method):
 
     families = (discrete_ar.FAMILY,)
     Config = ARConfig
+    key_knobs = ("greedy",)
 
     def sample(self, cond, *, generator):
         return self.teacher.sample(cond, generator=generator, sampling=self.config, greedy=self.config.greedy)

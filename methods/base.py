@@ -14,6 +14,7 @@ class Method:
 
     families: ClassVar[tuple[str, ...]]
     Config: ClassVar[type]
+    key_knobs: ClassVar[tuple[str, ...]] = ()  # the knobs a results table shows for this method
     # Decodes one sequence at a time (speculative / Jacobi decoding commit a different number of tokens per
     # sequence); the runner refuses a larger batch rather than compare a sequential loop with a batched baseline.
     batch_size_one: ClassVar[bool] = False

@@ -27,6 +27,7 @@ class Jacobi(Method):
     families = (discrete_ar.FAMILY,)
     Config = JacobiConfig
     batch_size_one = True
+    key_knobs = ("window", "greedy")
 
     def sample(self, cond, *, generator):
         c = self.config

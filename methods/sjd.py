@@ -143,6 +143,7 @@ class SJD(Method):
     families = (discrete_ar.FAMILY,)
     Config = SJDConfig
     batch_size_one = True
+    key_knobs = ("window", "init")
 
     def sample(self, cond, *, generator):
         tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, speculative_rule)

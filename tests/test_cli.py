@@ -1,6 +1,4 @@
 """End to end through the CLI into a temporary SQLite MLflow store, and bad input that must fail cleanly."""
-import dataclasses
-
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -8,14 +6,6 @@ from mlflow.tracking import MlflowClient
 from bench import cli
 from bench.registry import METHODS
 from methods.ar import AR
-from teachers import DigitsARText
-
-
-@pytest.fixture()
-def tiny_recipe(monkeypatch):
-    """The registered t2i teacher with a seconds-long training recipe (its cache key changes with the recipe)."""
-    recipe = dataclasses.replace(DigitsARText.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
-    monkeypatch.setattr(DigitsARText, "recipe", recipe)
 
 
 @pytest.fixture()
@@ -34,8 +24,8 @@ def all_runs(store):
     return client.search_runs(ids) if ids else []
 
 
-def test_sjd_trial_end_to_end(tiny_recipe, store, cache_dir, capsys):
-    code = run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=4",
+def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
+    code = run_cli(store, tmp_path / "cache", "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=4",
                    "--metric", "fid", "--n-samples", "6", "--seed", "3")
     assert code == 0
     out = capsys.readouterr().out
@@ -58,8 +48,9 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, cache_dir, capsys):
     assert {"samples.png", "ref_samples.png", "trial.yaml"} <= artifacts
     trial = yaml.safe_load(open(client.download_artifacts(run.info.run_id, "trial.yaml")))
     assert trial["params"]["window"] == 4 and trial["method"] == "sjd"
-    training = client.get_experiment_by_name("accelbench-training")
-    assert training is not None and client.search_runs([training.experiment_id])
+    training = client.get_experiment_by_name("accelbench-training")  # the fresh cache made it train the teacher
+    (trained,) = client.search_runs([training.experiment_id])
+    assert trained.data.params["steps"] == "30" and "test_nll_per_token" in trained.data.metrics
 
 
 def test_trial_yaml_file_gives_the_same_trial_key(tiny_recipe, store, cache_dir, tmp_path):

@@ -1,0 +1,84 @@
+"""PNG plots from MLflow trial runs: quality vs wall time with the Pareto front, and acceptance vs window.
+
+Pure functions of the runs (see `reports.tables.TrialRun`); one figure per teacher. PNG metadata carries no
+software version or date, so the same store gives the same files.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from reports.tables import TrialRun, _quality_columns  # noqa: E402
+
+WINDOW_KNOBS = ("window", "gamma")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def pareto_front(points: list[tuple[float, float]], higher_is_better: bool) -> list[tuple[float, float]]:
+    """The points no other point beats on both time (lower) and quality; sorted by time."""
+    sign = -1.0 if higher_is_better else 1.0
+    front, best = [], float("inf")
+    for t, q in sorted(points, key=lambda p: (p[0], sign * p[1])):
+        if sign * q < best:
+            front.append((t, q))
+            best = sign * q
+    return front
+
+
+def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    quality = _quality_columns(runs)
+    if not quality:
+        return None
+    key, higher = quality[0]
+    groups: dict = {}
+    for r in runs:
+        label = r.method + "".join(f" {k}={r.knobs[k]}" for k in r.key_knobs if k in r.knobs)
+        if key in r.metrics:
+            groups.setdefault(label, []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
+        if f"ref/{key}" in r.metrics:
+            groups.setdefault(f"{r.reference} (teacher)", []).append(
+                (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
+    points = {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
+              for label, v in sorted(groups.items())}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (t, q) in points.items():
+        ax.scatter([t], [q], label=label)
+    front = pareto_front(list(points.values()), higher)
+    ax.plot([t for t, _ in front], [q for _, q in front], "k--", lw=1, label="Pareto front")
+    ax.set_xlabel("ms / sample (median, mean over seeds)")
+    ax.set_ylabel(f"{key} ({'higher' if higher else 'lower'} is better)")
+    ax.set_title(f"{teacher}: quality vs wall time")
+    ax.legend(fontsize=7)
+    return _save(fig, out / f"quality_vs_time_{teacher}.png")
+
+
+def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    series: dict = {}
+    for r in runs:
+        knob = next((k for k in WINDOW_KNOBS if k in r.knobs), None)
+        if knob is None:
+            continue
+        label = r.method + "".join(f" {k}={r.knobs[k]}" for k in r.key_knobs if k in r.knobs and k != knob)
+        series.setdefault((label, knob), {}).setdefault(float(r.knobs[knob]), []).append(r.metrics["step_compression"])
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (label, knob), by_w in sorted(series.items()):
+        ws = sorted(by_w)
+        ax.plot(ws, [statistics.fmean(by_w[w]) for w in ws], "o-", label=f"{label} (vs {knob})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("window W / draft length γ")
+    ax.set_ylabel("accepted tokens per forward pass")
+    ax.set_title(f"{teacher}: acceptance vs window")
+    ax.legend(fontsize=7)
+    return _save(fig, out / f"acceptance_{teacher}.png")

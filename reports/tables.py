@@ -1,0 +1,159 @@
+"""Markdown results tables from MLflow trial runs, in the shape of the seed papers' tables.
+
+A pure function of the runs: one table per teacher, a teacher row per sampling setting (from the reference arm every
+run carries) and a row per (method, knobs), each cell the mean ± std over seeds. Speed-ups are the in-run ratios
+(method vs. its own reference arm, measured side by side), averaged over seeds.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+SEED_INDEPENDENT = ("seed",)
+SAMPLING_KNOBS = ("top_k", "temperature", "cfg", "greedy")
+ENV_TAGS = ("git_sha", "cpu", "torch_threads", "device", "python")
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    """What a report needs from one MLflow run (see `from_mlflow`)."""
+
+    teacher: str
+    method: str
+    seed: int
+    n_samples: int
+    knobs: dict  # method knobs, resolved (defaults filled in)
+    ref_knobs: dict  # the reference arm's sampling settings
+    reference: str
+    metrics: dict
+    tags: dict
+    start_time_ms: int = 0
+    key_knobs: tuple = field(default=())
+
+    @classmethod
+    def from_mlflow(cls, run) -> "TrialRun":
+        p, tags = run.data.params, run.data.tags
+        knobs = {k[len("params."):]: v for k, v in p.items() if k.startswith("params.")}
+        ref = {k[len("ref."):]: v for k, v in p.items() if k.startswith("ref.")}
+        key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
+        return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
+                   dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs)
+
+
+def _fmt(values: list[float], digits: int, suffix: str = "") -> str:
+    if not values:
+        return ""
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}{suffix}"
+    return f"{mean:.{digits}f}{suffix} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _knob_text(knobs: dict, names) -> str:
+    return ", ".join(f"{k}={knobs[k]}" for k in names if k in knobs) or "—"
+
+
+def _quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
+    """(metric key, higher is better) for every quality metric any run logged, in a fixed order."""
+    cols = {}
+    for r in runs:
+        for tag, value in r.tags.items():
+            if tag.startswith("higher_is_better."):
+                cols[tag[len("higher_is_better."):]] = value == "true"
+    return sorted(cols.items())
+
+
+def _header(key: str, higher: bool) -> str:
+    name, _, extractor = key.partition(".")
+    arrow = "↑" if higher else "↓"
+    return f"{name.upper()} {arrow} ({extractor})" if extractor else f"{name} {arrow}"
+
+
+def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
+    """Markdown lines of one teacher's table, and whether any quality cell is blank."""
+    quality = _quality_columns(runs)
+    head = ["method", "knobs", "sampling", "n", "seeds", "NFE / sample ↓", "ms / sample ↓", "speed-up wall ↑",
+            "speed-up steps ↑", *(_header(k, h) for k, h in quality)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    blank = False
+
+    def sampling(knobs):
+        return _knob_text(knobs, SAMPLING_KNOBS)
+
+    # Teacher rows: the reference arms of all runs, by sampling settings and sample count. Runs with the same seed
+    # drew the same teacher samples, so each seed counts once; a metric comes from the first run of the seed that has it.
+    by_ref: dict = {}
+    for r in runs:
+        by_ref.setdefault((r.reference, sampling(r.ref_knobs), r.n_samples), {}).setdefault(r.seed, []).append(r)
+    for (ref, samp, n), seeds in sorted(by_ref.items()):
+
+        def per_seed(key, scale=1.0):
+            found = ([r.metrics[key] for r in seeds[s] if key in r.metrics] for s in sorted(seeds))
+            return [scale * vals[0] for vals in found if vals]
+
+        cells = [f"{ref} (teacher)", "—", samp, str(n), str(len(seeds)), _fmt(per_seed("ref/nfe_per_sample"), 1),
+                 _fmt(per_seed("ref/sec_per_sample_median", 1000), 2), "1.00×", "1.00×"]
+        for key, _ in quality:
+            vals = per_seed(f"ref/{key}")
+            blank |= not vals
+            cells.append(_fmt(vals, 2))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    groups: dict = {}
+    for r in runs:
+        varying = sorted({k for o in runs if o.method == r.method for k in o.knobs
+                          if o.knobs[k] != r.knobs.get(k) and k not in SAMPLING_KNOBS})
+        names = [k for k in r.key_knobs if k not in SAMPLING_KNOBS] + [k for k in varying if k not in r.key_knobs]
+        key = (r.method, _knob_text(r.knobs, names), sampling(r.ref_knobs), r.n_samples,
+               tuple(sorted(r.knobs.items())))
+        groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
+    for (method, knobs, samp, n, _), seeds in sorted(groups.items()):
+        rs = [seeds[s] for s in sorted(seeds)]
+        cells = [method, knobs, samp, str(n), str(len(rs)),
+                 _fmt([r.metrics["nfe_per_sample"] for r in rs], 1),
+                 _fmt([1000 * r.metrics["sec_per_sample_median"] for r in rs], 2),
+                 _fmt([r.metrics["speedup_wall"] for r in rs], 2, "×"),
+                 _fmt([r.metrics["speedup_steps"] for r in rs], 2, "×")]
+        for key, _ in quality:
+            vals = [r.metrics[key] for r in rs if key in r.metrics]
+            blank |= not vals
+            cells.append(_fmt(vals, 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines, blank
+
+
+def environment_footer(runs: list[TrialRun]) -> list[str]:
+    def values(tag):
+        return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
+
+    libs = sorted({t for r in runs for t in r.tags if t.endswith("_version")})
+    dates = sorted(datetime.fromtimestamp(r.start_time_ms / 1000, tz=timezone.utc).date().isoformat() for r in runs)
+    lines = ["## Run environment", "",
+             f"- runs: {len(runs)}, dated {dates[0]} to {dates[-1]} (UTC)",
+             f"- git: {values('git_sha')}",
+             f"- libraries: " + "; ".join(f"{t[: -len('_version')]} {values(t)}" for t in libs),
+             f"- CPU: {values('cpu')}; device: {values('device')}; torch threads: {values('torch_threads')}; "
+             f"python: {values('python')}"]
+    return lines
+
+
+def build_markdown(runs: list[TrialRun], title: str) -> str:
+    runs = sorted(runs, key=lambda r: (r.teacher, r.method, sorted(r.knobs.items()), r.n_samples, r.seed,
+                                       r.start_time_ms))
+    out = [f"# {title}", ""]
+    if not runs:
+        return "\n".join(out + ["No finished trial runs matched.", ""])
+    any_blank = False
+    for teacher in sorted({r.teacher for r in runs}):
+        lines, blank = teacher_table([r for r in runs if r.teacher == teacher])
+        any_blank |= blank
+        out += [f"## {teacher}", "", *lines, ""]
+    out += ["Cells are mean ± sample standard deviation over seeds (a single seed has no ±). Speed-ups are measured "
+            "in each run against its own teacher arm, side by side in one process, then averaged. NFE counts "
+            "forward passes per sample; n is the number of samples per arm; ↑/↓ mark the better direction; the "
+            "extractor of each metric is in parentheses."]
+    if any_blank:
+        out += ["", "Blank cells: the metric was not computed for that row (not requested, or not applicable)."]
+    out += ["", *environment_footer(runs), ""]
+    return "\n".join(out)

@@ -1,0 +1,96 @@
+"""Reports are a pure function of the MLflow store: exact cells, ± formatting, speed-up arithmetic, stable bytes."""
+import pytest
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from bench.cli import main
+from reports.plots import pareto_front
+
+SJD_KNOBS = {"window": "16", "init": "random", "top_k": "0", "temperature": "1.0", "cfg": "1.0", "refine": "True"}
+REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"}
+
+
+def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1):
+    tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
+            "torch_version": "2.14.1", "cpu": "Test CPU", "torch_threads": "1", "device": "cpu",
+            "python": "3.11.7", "key_knobs": "window,init" if method == "sjd" else "window,greedy"}
+    run = client.create_run(exp_id, start_time=1_790_000_000_000 + day * 86_400_000, tags=tags)
+    params = {"teacher": "digits-ar-t2i", "method": method, "seed": seed, "reference": "ar", "n_samples": 100,
+              **{f"params.{k}": v for k, v in knobs.items()}, **{f"ref.{k}": v for k, v in REF_KNOBS.items()}}
+    metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
+               "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
+               "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe}
+    if fid is not None:
+        metrics.update({"fid.digits-cnn": fid, "ref/fid.digits-cnn": ref_fid})
+        tags["higher_is_better.fid.digits-cnn"] = "false"
+    client.log_batch(run.info.run_id, metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+                     params=[Param(k, str(v)) for k, v in params.items()],
+                     tags=[RunTag(k, v) for k, v in tags.items()])
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+@pytest.fixture()
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper")
+    # SJD W=16 over three seeds, with FID on both arms.
+    log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, fid=2.0, ref_fid=2.5, day=1)
+    log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=25.0, ref_ms=40.0, nfe=32.0, fid=3.0, ref_fid=2.5, day=2)
+    log_trial(client, exp, "sjd", 2, SJD_KNOBS, ms=20.0, ref_ms=44.0, nfe=34.0, fid=4.0, ref_fid=2.8, day=3)
+    # A Jacobi run without FID: its quality cell must be blank, never zero.
+    log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False", "top_k": "0", "temperature": "1.0",
+                                         "cfg": "1.0"}, ms=40.0, ref_ms=40.0, nfe=60.0, day=2)
+    # A failed run and a teacher-training run are not part of the report.
+    failed = client.create_run(exp, tags={"accelbench.kind": "trial"})
+    client.set_terminated(failed.info.run_id, "FAILED")
+    return uri
+
+
+def report(store, out, *extra):
+    assert main(["report", "--experiment", "paper", "--tracking-uri", store, "--out", str(out), *extra]) == 0
+    return (out / "REPORT.md").read_text()
+
+
+def row(text, first_cell):
+    return next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
+
+
+def test_table_cells_and_arithmetic(store, tmp_path):
+    text = report(store, tmp_path / "a")
+    header = next(line for line in text.splitlines() if line.startswith("| method |"))
+    assert "FID ↓ (digits-cnn)" in header and "speed-up wall ↑" in header
+    sjd = [c.strip() for c in row(text, "sjd").split("|")[1:-1]]
+    assert sjd[:5] == ["sjd", "window=16, init=random", "top_k=0, temperature=1.0, cfg=1.0, greedy=False", "100", "3"]
+    sjd = sjd[1:]
+    assert sjd[4] == "32.0 ± 2.0"  # NFE mean and sample std of 30, 32, 34
+    assert sjd[5] == "21.67 ± 2.89"  # ms / sample of 20, 25, 20
+    assert sjd[6] == "1.93× ± 0.31"  # mean and std of the in-run ratios 40/20, 40/25, 44/20
+    assert sjd[7] == "2.01× ± 0.13"  # of 64/30, 64/32, 64/34
+    assert sjd[8] == "3.00 ± 1.00"
+    teacher = [c.strip() for c in row(text, "ar (teacher)").split("|")[1:-1]]
+    # Seed 0 has two runs (sjd, jacobi); its timing comes from the first (jacobi), its FID from the one with FID.
+    assert teacher[4:] == ["3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "2.60 ± 0.17"]
+    jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
+    assert jacobi[4:] == ["1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
+    assert "Blank cells: the metric was not computed" in text
+    assert "runs: 4, dated 2026-09-22 to 2026-09-24 (UTC)" in text and "Test CPU" in text
+
+
+def test_regeneration_is_byte_identical(store, tmp_path):
+    assert report(store, tmp_path / "a") == report(store, tmp_path / "b")
+    assert (tmp_path / "a" / "quality_vs_time_digits-ar-t2i.png").read_bytes() == \
+        (tmp_path / "b" / "quality_vs_time_digits-ar-t2i.png").read_bytes()
+    assert (tmp_path / "a" / "acceptance_digits-ar-t2i.png").exists()
+
+
+def test_filter_selects_runs(store, tmp_path):
+    text = report(store, tmp_path / "a", "--filter", "params.method = 'jacobi'")
+    assert "| jacobi |" in text and "| sjd |" not in text
+
+
+def test_pareto_front():
+    points = [(10, 5.0), (20, 3.0), (15, 6.0), (30, 3.5), (40, 1.0)]
+    assert pareto_front(points, higher_is_better=False) == [(10, 5.0), (20, 3.0), (40, 1.0)]
+    assert pareto_front(points, higher_is_better=True) == [(10, 5.0), (15, 6.0)]
