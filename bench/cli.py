@@ -102,6 +102,82 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _sweep_context(args, workers: int):
+    from bench.cache import Cache
+    from bench.runner import RunOptions
+    from bench.tracking import Tracker, tracking_uri
+    from sweeps.spec import load_spec
+    from sweeps.study import StorageOptions, default_storage
+
+    spec = load_spec(args.spec, n_trials=args.n_trials)
+    storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
+    tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=False)
+    return spec, storage, tracker, Cache(args.cache_dir), opts
+
+
+def _worker_argv(args, storage_url: str) -> list[str]:
+    argv = [sys.executable, "-m", "bench.cli", "worker", args.spec, "--storage", storage_url,
+            "--heartbeat", str(args.heartbeat), "--grace", str(args.grace), "--threads", str(args.threads),
+            "--warmup", str(args.warmup)]
+    for flag, value in (("--n-trials", args.n_trials), ("--tracking-uri", args.tracking_uri),
+                        ("--cache-dir", args.cache_dir)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--force"] if args.force else [])
+
+
+def cmd_sweep(args) -> int:
+    from sweeps.study import make_storage, open_study, summary, work
+
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    spec, storage, tracker, cache, opts = _sweep_context(args, args.workers)
+    study = open_study(spec, make_storage(storage, tracker), tracker)  # one parent run, made before any worker
+    if args.workers == 1:
+        work(spec, storage, tracker, cache, opts, force=args.force)
+    else:
+        procs = [subprocess.Popen(_worker_argv(args, storage.url)) for _ in range(args.workers)]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise UserError(f"{sum(c != 0 for c in codes)} of {args.workers} workers failed (exit codes {codes})")
+    study = open_study(spec, make_storage(storage, tracker), tracker)
+    print("\n".join(summary(study)))
+    print(f"study storage: {storage.url}; MLflow: {tracker.uri} (experiment {spec.experiment!r})")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from sweeps.study import work
+
+    spec, storage, tracker, cache, opts = _sweep_context(args, 1)
+    if args.storage is None:
+        raise UserError("worker needs --storage (the study's database or journal file)")
+    work(spec, storage, tracker, cache, opts, force=args.force)
+    return 0
+
+
+def cmd_studies(args) -> int:
+    import optuna
+
+    from sweeps.study import StorageOptions, make_storage, summary
+
+    storage = make_storage(StorageOptions(args.storage))
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
+    if not names:
+        print(f"no studies in {args.storage}")
+    for name in names:
+        print("\n".join(summary(optuna.load_study(study_name=name, storage=storage))))
+    return 0
+
+
+def cmd_dashboard(args) -> int:
+    storage = args.storage[len("journal:"):] if args.storage.startswith("journal:") else args.storage  # its form
+    cmd = [sys.executable, "-m", "optuna_dashboard", storage, "--host", args.host, "--port", str(args.port)]
+    print(f"optuna-dashboard on http://{args.host}:{args.port} for {args.storage} (Ctrl-C to stop)")
+    return subprocess.call(cmd)
+
+
 def cmd_list(args) -> int:
     from bench.registry import METHODS, METRICS, TEACHERS
 
@@ -168,6 +244,39 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
     su.add_argument("--no-progress", action="store_true", help="no progress bars")
     su.set_defaults(func=cmd_suite)
+
+    def sweep_args(sp, storage_help):
+        sp.add_argument("spec", help="study spec YAML (see sweeps/specs/)")
+        sp.add_argument("--storage", help=storage_help)
+        sp.add_argument("--n-trials", type=int, help="finished trials the study should reach (default: the spec's)")
+        sp.add_argument("--tracking-uri", help=uri_help)
+        sp.add_argument("--cache-dir", help=cache_help)
+        sp.add_argument("--force", action="store_true", help="recompute trials that already have a finished run")
+        sp.add_argument("--heartbeat", type=int, default=10, help="seconds between heartbeats (RDB storages)")
+        sp.add_argument("--grace", type=int, default=30,
+                        help="seconds without a heartbeat before a trial is failed and retried")
+        sp.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
+        sp.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm (default 2)")
+
+    sw = sub.add_parser("sweep", help="run an Optuna study from a spec, locally or with several workers")
+    sweep_args(sw, "study storage: sqlite:///FILE, journal:FILE or postgresql://... (default sqlite:///optuna.db, "
+                   "or journal:optuna.journal with --workers > 1)")
+    sw.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    sw.set_defaults(func=cmd_sweep)
+
+    wk = sub.add_parser("worker", help="join an existing study from any machine")
+    sweep_args(wk, "the study's storage (required), e.g. postgresql://user@host/db")
+    wk.set_defaults(func=cmd_worker)
+
+    st = sub.add_parser("studies", help="list the studies in a storage with their best trials / Pareto fronts")
+    st.add_argument("--storage", default="sqlite:///optuna.db", help="study storage (default sqlite:///optuna.db)")
+    st.set_defaults(func=cmd_studies)
+
+    db = sub.add_parser("dashboard", help="open optuna-dashboard on a study storage")
+    db.add_argument("--storage", default="sqlite:///optuna.db", help="study storage (default sqlite:///optuna.db)")
+    db.add_argument("--host", default="127.0.0.1")
+    db.add_argument("--port", type=int, default=8080)
+    db.set_defaults(func=cmd_dashboard)
 
     rp = sub.add_parser("report", help="write REPORT.md and plots from an MLflow experiment")
     rp.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")

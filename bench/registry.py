@@ -4,6 +4,8 @@ An unknown name is a `UserError` that lists the valid names, so a typo on the co
 """
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Callable, Generic, Iterator, TypeVar
 
 from bench.errors import UserError
@@ -51,3 +53,10 @@ def _load_builtin_entries() -> None:
     import methods  # noqa: F401
     import metrics  # noqa: F401
     import teachers  # noqa: F401
+
+    # ACCELBENCH_PLUGINS: comma-separated modules that register more entries (in every process, workers included).
+    for module in filter(None, os.environ.get("ACCELBENCH_PLUGINS", "").split(",")):
+        try:
+            importlib.import_module(module.strip())
+        except ImportError as exc:
+            raise UserError(f"cannot import plugin {module!r} from ACCELBENCH_PLUGINS: {exc}") from None

@@ -10,7 +10,7 @@ import dataclasses
 import io
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -133,24 +133,31 @@ def _grid_png(images: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
-def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions()) -> dict[str, float]:
-    """Run one trial and log it as one MLflow run; returns the logged metrics."""
+def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
+              tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Run one trial and log it as one MLflow run; returns the logged metrics.
+
+    `tags` are added to the run (a sweep's parent run id, study and trial number); `on_start` receives the run id
+    as soon as the run exists, so a caller can find the run of a trial that never returns.
+    """
     p = plan(trial)
     t = p.trial
     teacher = p.teacher_cls.load(t.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
     threads_before = torch.get_num_threads()  # training uses every core; sampling uses opts.threads
     torch.set_num_threads(opts.threads)
     try:
-        return _run(p, teacher, cache, tracker, opts)
+        return _run(p, teacher, cache, tracker, opts, tags or {}, on_start)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions) -> dict[str, float]:
+def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, extra_tags, on_start) -> dict[str, float]:
     t = p.trial
     tags = {"accelbench.kind": "trial", "trial_key": t.key(), "teacher_key": p.teacher_cls.key(),
-            "family": p.teacher_cls.family, **environment_tags(p.device)}
+            "family": p.teacher_cls.family, **environment_tags(p.device), **extra_tags}
     with tracker.run(f"{t.method}:{t.teacher}:s{t.seed}", tags) as log:
+        if on_start is not None:
+            on_start(log.run_id)
         params = {k: v for k, v in t.to_dict().items() if k != "params"}
         params.update({f"params.{k}": v for k, v in t.params.items()})
         params.update({f"ref.{k}": v for k, v in config_dict(p.reference_config).items()})

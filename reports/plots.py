@@ -40,13 +40,15 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     if not quality:
         return None
     key, higher = quality[0]
+    varying = sorted({k for r in runs for k, v in r.ref_knobs.items() if any(o.ref_knobs.get(k) != v for o in runs)})
     groups: dict = {}
     for r in runs:
         label = r.method + "".join(f" {k}={r.knobs[k]}" for k in r.key_knobs if k in r.knobs)
         if key in r.metrics:
             groups.setdefault(label, []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
         if f"ref/{key}" in r.metrics:
-            groups.setdefault(f"{r.reference} (teacher)", []).append(
+            setting = "".join(f", {k}={r.ref_knobs[k]}" for k in varying)
+            groups.setdefault(f"{r.reference} (teacher{setting})", []).append(
                 (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
     points = {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
               for label, v in sorted(groups.items())}

@@ -6,6 +6,7 @@ run carries) and a row per (method, knobs), each cell the mean ± std over seeds
 """
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -39,6 +40,11 @@ class TrialRun:
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
                    dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs)
+
+
+def natural(text: str) -> tuple:
+    """Sort key that orders "window=4" before "window=16"."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
 def _fmt(values: list[float], digits: int, suffix: str = "") -> str:
@@ -86,7 +92,7 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
     by_ref: dict = {}
     for r in runs:
         by_ref.setdefault((r.reference, sampling(r.ref_knobs), r.n_samples), {}).setdefault(r.seed, []).append(r)
-    for (ref, samp, n), seeds in sorted(by_ref.items()):
+    for (ref, samp, n), seeds in sorted(by_ref.items(), key=lambda kv: natural(str(kv[0]))):
 
         def per_seed(key, scale=1.0):
             found = ([r.metrics[key] for r in seeds[s] if key in r.metrics] for s in sorted(seeds))
@@ -108,7 +114,7 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
         key = (r.method, _knob_text(r.knobs, names), sampling(r.ref_knobs), r.n_samples,
                tuple(sorted(r.knobs.items())))
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
-    for (method, knobs, samp, n, _), seeds in sorted(groups.items()):
+    for (method, knobs, samp, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
         rs = [seeds[s] for s in sorted(seeds)]
         cells = [method, knobs, samp, str(n), str(len(rs)),
                  _fmt([r.metrics["nfe_per_sample"] for r in rs], 1),

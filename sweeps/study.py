@@ -1,0 +1,202 @@
+"""Optuna studies from specs: storage, sampler, the objective (one runner trial per seed), MLflow parent/child runs.
+
+Scale-out is Optuna's own: any number of worker processes, on any machines, share one study through its storage
+(SQLite for one process, a journal file for several local ones, PostgreSQL for many machines). With an RDB storage,
+workers send heartbeats; a trial whose worker died is marked failed and retried
+(`RetryHeartbeatStaleTrialCallback`).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+from dataclasses import dataclass
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback
+from optuna.study import MaxTrialsCallback
+from optuna.trial import TrialState
+
+from bench.cache import Cache
+from bench.errors import UserError
+from bench.runner import RunOptions, run_trial
+from bench.tracking import Tracker
+from sweeps.spec import StudySpec
+
+PARENT_ATTR = "mlflow_parent_run_id"
+RUNS_ATTR = "mlflow_run_ids"
+MAX_RETRY = 2
+MAX_FAILURES = 3  # a worker stops after this many failed trials instead of failing forever
+SURPLUS_ATTR = "surplus"  # a trial asked for after the study was full; ends FAIL without running
+
+
+class Surplus(Exception):
+    """Raised for a trial that would exceed the study's requested number of trials."""
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    url: str
+    heartbeat: int = 10  # seconds between a running trial's heartbeats (RDB storages)
+    grace: int = 30  # a running trial with no heartbeat for this long is failed and retried
+
+
+def default_storage(workers: int) -> str:
+    # SQLite locks under concurrent writers; Optuna's journal file is made for several local processes.
+    return "sqlite:///optuna.db" if workers == 1 else "journal:optuna.journal"
+
+
+def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
+    url = opts.url
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
+    if not url.startswith(("sqlite:", "postgresql", "mysql")):
+        raise UserError(f"unknown study storage {url!r}; use sqlite:///FILE, journal:FILE or postgresql://...")
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+    def stale(study, trial):
+        if tracker is not None:  # the dead worker's MLflow runs would otherwise stay RUNNING
+            for run_id in trial.user_attrs.get(RUNS_ATTR, []):
+                if tracker.client.get_run(run_id).info.status == "RUNNING":
+                    tracker.client.set_tag(run_id, "optuna_state", "FAIL")
+                    tracker.client.set_terminated(run_id, "FAILED")
+        retry(study, trial)
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {"pool_pre_ping": True}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,
+                                          grace_period=opts.grace, heartbeat_stale_trial_callback=stale)
+    except Exception as exc:  # an unreachable database: say which, before any work
+        raise UserError(f"cannot open study storage {url}: {str(exc).splitlines()[0]}") from None
+
+
+def make_sampler(spec: StudySpec):
+    # Unseeded: workers sharing a study must not all propose the same first points.
+    constraints = _constraints_of if spec.constraints else None
+    if spec.sampler == "grid":
+        return optuna.samplers.GridSampler({p.name: p.grid() for p in spec.space})
+    if spec.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(constraints_func=constraints)
+    return optuna.samplers.TPESampler(constraints_func=constraints)
+
+
+def _constraints_of(trial) -> list[float]:
+    return trial.user_attrs.get("constraints", [float("inf")])
+
+
+def open_study(spec: StudySpec, storage, tracker: Tracker) -> optuna.Study:
+    """Create or load the study; the first process to get here also creates the MLflow parent run."""
+    pruner = optuna.pruners.MedianPruner() if spec.pruner == "median" else optuna.pruners.NopPruner()
+    study = optuna.create_study(study_name=spec.study, storage=storage, directions=spec.directions,
+                                sampler=make_sampler(spec), pruner=pruner, load_if_exists=True)
+    if PARENT_ATTR not in study.user_attrs:
+        run = tracker.client.create_run(tracker.experiment_id, run_name=f"study:{spec.study}",
+                                        tags={"accelbench.kind": "study", "study_name": spec.study})
+        study.set_user_attr(PARENT_ATTR, run.info.run_id)
+    return study
+
+
+def finished_run_metrics(tracker: Tracker, key: str) -> dict[str, float] | None:
+    runs = tracker.client.search_runs([tracker.experiment_id],
+                                      f"tags.trial_key = '{key}' and attributes.status = 'FINISHED'", max_results=1)
+    return dict(runs[0].data.metrics) if runs else None
+
+
+class Objective:
+    def __init__(self, spec: StudySpec, study: optuna.Study, tracker: Tracker, cache: Cache, opts: RunOptions,
+                 force: bool = False):
+        self.spec, self.tracker, self.cache, self.opts, self.force = spec, tracker, cache, opts, force
+        self.parent = study.user_attrs[PARENT_ATTR]
+
+    def __call__(self, trial: optuna.Trial):
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        if self._surplus(trial):
+            trial.set_user_attr(SURPLUS_ATTR, True)
+            trial.study.stop()
+            raise Surplus(f"trial {trial.number}: the study already has {self.spec.n_trials} trials under way")
+        knobs = {p.name: p.suggest(trial) for p in self.spec.space}
+        tags = {"mlflow.parentRunId": self.parent, "study_name": self.spec.study,
+                "optuna_trial_number": str(trial.number)}
+        per_seed: list[dict[str, float]] = []
+        run_ids: list[str] = []
+
+        def started(run_id):
+            run_ids.append(run_id)
+            trial.set_user_attr(RUNS_ATTR, list(run_ids))
+
+        for step, seed in enumerate(self.spec.seeds):
+            t = self.spec.trial(knobs, seed)
+            cached = None if self.force else finished_run_metrics(self.tracker, t.key())
+            if cached is None:
+                try:
+                    cached = run_trial(t, cache=self.cache, tracker=self.tracker, opts=self.opts, tags=tags,
+                                       on_start=started)
+                except Exception:
+                    self._mark(run_ids, "FAIL")
+                    raise
+            per_seed.append(cached)
+            if self.spec.pruner != "none":
+                trial.report(self._value(per_seed, self.spec.objectives[0].metric), step)
+                if trial.should_prune():
+                    self._mark(run_ids, "PRUNED")
+                    raise optuna.TrialPruned()
+        trial.set_user_attr("constraints", [
+            self._value(per_seed, c.metric) - self._value(per_seed, f"ref/{c.metric}") - c.max_over_ref
+            for c in self.spec.constraints])
+        self._mark(run_ids, "COMPLETE")
+        values = [self._value(per_seed, o.metric) for o in self.spec.objectives]
+        return values[0] if len(values) == 1 else values
+
+    def _surplus(self, trial: optuna.Trial) -> bool:
+        """Several workers can ask for a trial at once; only the first n_trials (by number, failed ones aside) run."""
+        ahead = [t for t in trial.study.get_trials(deepcopy=False)
+                 if t.number < trial.number and t.state != TrialState.FAIL]
+        return len(ahead) >= self.spec.n_trials
+
+    @staticmethod
+    def _value(per_seed: list[dict], metric: str) -> float:
+        missing = [i for i, m in enumerate(per_seed) if metric not in m]
+        if missing:
+            raise UserError(f"objective metric {metric!r} was not logged; add its metric to the base trial")
+        return statistics.fmean(m[metric] for m in per_seed)
+
+    def _mark(self, run_ids: list[str], state: str) -> None:
+        for run_id in run_ids:
+            self.tracker.client.set_tag(run_id, "optuna_state", state)
+
+
+def work(spec: StudySpec, storage_opts: StorageOptions, tracker: Tracker, cache: Cache, opts: RunOptions,
+         force: bool = False) -> optuna.Study:
+    """One worker: run trials until the study has `n_trials` finished (complete or pruned) trials."""
+    study = open_study(spec, make_storage(storage_opts, tracker), tracker)
+    done = (TrialState.COMPLETE, TrialState.PRUNED)
+    failures = []
+
+    def stop_on_failures(study, trial):
+        if trial.state == TrialState.FAIL and not trial.user_attrs.get(SURPLUS_ATTR):
+            failures.append(trial.number)
+            if len(failures) >= MAX_FAILURES:
+                study.stop()
+
+    if sum(t.state in done for t in study.get_trials(deepcopy=False)) < spec.n_trials:
+        study.optimize(Objective(spec, study, tracker, cache, opts, force), catch=(Exception,),
+                       callbacks=[MaxTrialsCallback(spec.n_trials, states=done), stop_on_failures])
+    if len(failures) >= MAX_FAILURES:
+        raise UserError(f"worker stopped after {len(failures)} failed trials ({failures}); see their MLflow runs")
+    return study
+
+
+def summary(study: optuna.Study) -> list[str]:
+    trials = study.get_trials(deepcopy=False)
+    counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+    lines = [f"study {study.study_name}: " + ", ".join(f"{n.lower()} {c}" for n, c in counts.items() if c)]
+    try:
+        best = study.best_trials
+    except (ValueError, RuntimeError):
+        best = []
+    label = "best trial" if len(study.directions) == 1 else "Pareto front"
+    for t in best:
+        lines.append(f"  {label} #{t.number}: values={[round(v, 4) for v in t.values]} params={t.params}")
+    return lines

@@ -1,0 +1,179 @@
+"""Optuna sweeps: specs, MLflow parent/child runs, resume, and several workers on SQLite, journal and PostgreSQL."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from bench.cli import main
+from bench.errors import UserError
+from sweeps.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+
+@pytest.fixture(autouse=True)
+def plugin(monkeypatch):
+    monkeypatch.setenv("ACCELBENCH_PLUGINS", "tests.plugins")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    import tests.plugins  # noqa: F401  (registers the table teachers in this process too)
+
+
+def spec_file(tmp_path, teacher="table-ar", n_trials=3, **extra):
+    spec = {"study": "s", "base": {"teacher": teacher, "method": "sjd", "n_samples": 4},
+            "space": {"window": {"type": "int", "low": 1, "high": 6}}, "n_trials": n_trials,
+            "objectives": [{"metric": "speedup_steps", "direction": "maximize"}], **extra}
+    path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def sweep(tmp_path, spec, storage, *extra, mlflow=None):
+    return main(["sweep", spec, "--storage", storage, "--tracking-uri", mlflow or f"sqlite:///{tmp_path}/mlflow.db",
+                 "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", *extra])
+
+
+def trials(storage_url, name="s"):
+    from sweeps.study import StorageOptions, make_storage
+
+    return optuna.load_study(study_name=name, storage=make_storage(StorageOptions(storage_url))).get_trials()
+
+
+def mlflow_runs(uri):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("accelbench-sweeps")
+    return client.search_runs([exp.experiment_id])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"space": {"window": {"type": "int", "low": 5, "high": 1}}}, "needs numeric 'low' <= 'high'"),
+    ({"space": {"windw": {"type": "int", "low": 1, "high": 4}}}, "unknown knob 'windw'"),
+    ({"space": {"window": {"type": "integer"}}}, "needs 'type', one of int, float, categorical"),
+    ({"objectives": []}, "'objectives' must list at least one"),
+    ({"sampler": "cmaes"}, "sampler must be one of tpe, nsga2, grid"),
+    ({"n_trials": 0}, "n_trials must be a positive integer"),
+    ({"trials": 3}, "unknown field 'trials'"),
+])
+def test_bad_specs_are_refused(tmp_path, extra, message):
+    with pytest.raises(UserError, match=message):
+        load_spec(spec_file(tmp_path, **extra))
+
+
+def test_sqlite_sweep_logs_parent_and_children_and_resumes(tmp_path, capsys):
+    storage, spec = f"sqlite:///{tmp_path}/optuna.db", spec_file(tmp_path, sampler="grid")
+    assert sweep(tmp_path, spec, storage) == 0
+    assert "best trial" in capsys.readouterr().out
+    ts = trials(storage)
+    assert [t.state for t in ts] == [TrialState.COMPLETE] * 3
+    runs = mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db")
+    (parent,) = [r for r in runs if r.data.tags.get("accelbench.kind") == "study"]
+    children = [r for r in runs if r.data.tags.get("accelbench.kind") == "trial"]
+    assert len(children) == 3 and {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert sorted(r.data.tags["optuna_trial_number"] for r in children) == ["0", "1", "2"]
+    assert {r.data.tags["optuna_state"] for r in children} == {"COMPLETE"}
+    for t in ts:  # the objective is the logged metric of that trial's run
+        (run,) = [r for r in children if r.data.tags["optuna_trial_number"] == str(t.number)]
+        assert t.value == pytest.approx(run.data.metrics["speedup_steps"])
+    assert sweep(tmp_path, spec, storage) == 0  # rerun: the study is already complete
+    assert len(trials(storage)) == 3
+    assert sweep(tmp_path, spec, storage, "--n-trials", "5") == 0  # continue the same study
+    ts = trials(storage)
+    assert len(ts) == 5 and len({t.number for t in ts}) == 5
+    children = [r for r in mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db") if r.data.tags["accelbench.kind"] == "trial"]
+    assert len(children) == 5  # one run per trial: nothing recomputed on the reruns
+
+
+def test_multi_objective_spec_yields_a_pareto_front(tmp_path, capsys):
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    spec = spec_file(tmp_path, n_trials=6, objectives=[{"metric": "speedup_steps", "direction": "maximize"},
+                                                        {"metric": "nfe_per_sample", "direction": "minimize"}])
+    assert sweep(tmp_path, spec, storage) == 0
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert len(study.directions) == 2 and study.best_trials
+    assert main(["studies", "--storage", storage]) == 0
+    assert "Pareto front #" in capsys.readouterr().out
+
+
+def _run_workers(tmp_path, spec, storage, n, mlflow):
+    argv = [sys.executable, "-m", "bench.cli", "worker", spec, "--storage", storage, "--tracking-uri", mlflow,
+            "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--heartbeat", "1", "--grace", "3"]
+    return [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(n)]
+
+
+def _assert_exactly(storage, n):
+    """n complete trials, unique numbers; any other trial is a surplus ask that never ran."""
+    ts = trials(storage)
+    numbers = [t.number for t in ts]
+    assert len(numbers) == len(set(numbers))
+    assert sum(t.state == TrialState.COMPLETE for t in ts) == n
+    assert all(t.state == TrialState.COMPLETE or t.user_attrs.get("surplus") for t in ts)
+    return ts
+
+
+def test_journal_backend_with_four_local_workers(tmp_path):
+    storage, spec = f"journal:{tmp_path}/optuna.journal", spec_file(tmp_path, n_trials=8)
+    assert sweep(tmp_path, spec, storage, "--workers", "4") == 0
+    ts = _assert_exactly(storage, 8)
+    assert len({t.user_attrs["worker"] for t in ts}) >= 2  # the work was actually shared
+
+
+@pytest.fixture()
+def pg_database():
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(f"{PG}/postgres", connect_timeout=3, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL server at {PG}: {str(exc).strip().splitlines()[0]}")
+    name = f"accelbench_{uuid.uuid4().hex[:8]}"
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    yield f"{PG}/{name}"
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    admin.close()
+
+
+def test_postgres_four_workers_then_a_killed_worker_is_retried(tmp_path, pg_database):
+    mlflow = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = spec_file(tmp_path, n_trials=8)
+    assert sweep(tmp_path, spec, pg_database, "--workers", "4", mlflow=mlflow) == 0
+    _assert_exactly(pg_database, 8)
+
+    # A second study whose trials take ~1 s; SIGKILL a worker while it holds a RUNNING trial.
+    slow = spec_file(tmp_path, teacher="slow-table-ar", n_trials=4, study="slow",
+                     base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
+    from bench.tracking import Tracker
+    from sweeps.study import StorageOptions, make_storage, open_study
+
+    open_study(load_spec(slow), make_storage(StorageOptions(pg_database)), Tracker(mlflow, "accelbench-sweeps"))
+    procs = _run_workers(tmp_path, slow, pg_database, 2, mlflow)
+    victim = None
+    deadline = time.time() + 60
+    while victim is None and time.time() < deadline:
+        running = [t for t in trials(pg_database, "slow") if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
+        pids = {int(t.user_attrs["worker"].split(":")[1]): t.number for t in running}
+        victim = next((p for p in procs if p.pid in pids), None)
+        time.sleep(0.2)
+    assert victim is not None, "no worker ever held a running trial"
+    killed_trial = pids[victim.pid]
+    os.kill(victim.pid, signal.SIGKILL)
+    survivor = next(p for p in procs if p is not victim)
+    assert survivor.wait(timeout=180) == 0, survivor.stderr.read().decode()[-2000:]
+    ts = trials(pg_database, "slow")
+    states = {t.number: t.state for t in ts}
+    assert states[killed_trial] == TrialState.FAIL
+    retried = [t for t in ts if t.system_attrs.get("failed_trial") == killed_trial]
+    assert retried and retried[0].state == TrialState.COMPLETE
+    assert sum(s == TrialState.COMPLETE for s in states.values()) == 4
+    runs = MlflowClient(mlflow).search_runs([MlflowClient(mlflow).get_experiment_by_name("accelbench-sweeps")
+                                             .experiment_id], f"tags.optuna_trial_number = '{killed_trial}'")
+    assert runs and all(r.info.status == "FAILED" for r in runs if r.data.tags.get("study_name") == "slow")
