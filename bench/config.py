@@ -9,7 +9,33 @@ import dataclasses
 import typing
 from typing import Any, Mapping
 
+import yaml
+
 from bench.errors import UserError
+
+
+def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> dict:
+    """Load a YAML file that must hold a mapping (of only `fields`, when given); every error names the file."""
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{what} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path}: expected a mapping, got {type(data).__name__}")
+    unknown = sorted(set(data) - fields) if fields is not None else []
+    if unknown:
+        raise UserError(f"{what} {path}: unknown field {unknown[0]!r}; valid: {', '.join(sorted(fields))}")
+    return data
+
+
+def check_seeds(seeds, where: str) -> tuple[int, ...]:
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        raise UserError(f"{where}: 'seeds' must be a non-empty list of non-negative integers, got {seeds!r}")
+    return tuple(seeds)
 
 
 def build_config(cls: type, params: Mapping[str, Any], *, owner: str) -> Any:
@@ -44,24 +70,18 @@ def _coerce(raw: Any, hint: Any, where: str) -> Any:
         if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
             return raw.lower() in ("true", "1", "yes")
         raise UserError(f"{where} must be a boolean, got {raw!r}")
-    if hint is int:
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
+    if hint in (int, float):
+        kind = "an integer" if hint is int else "a number"
+        if isinstance(raw, bool):
+            raise UserError(f"{where} must be {kind}, got {raw!r}")
+        if isinstance(raw, int) or (hint is float and isinstance(raw, float)):
+            return hint(raw)
         if isinstance(raw, str):
             try:
-                return int(raw)
+                return hint(raw)
             except ValueError:
                 pass
-        raise UserError(f"{where} must be an integer, got {raw!r}")
-    if hint is float:
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw)
-        if isinstance(raw, str):
-            try:
-                return float(raw)
-            except ValueError:
-                pass
-        raise UserError(f"{where} must be a number, got {raw!r}")
+        raise UserError(f"{where} must be {kind}, got {raw!r}")
     if hint is str:
         if isinstance(raw, str):
             return raw

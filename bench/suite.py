@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from tqdm import tqdm
 
 from bench.cache import Cache
+from bench.config import check_seeds, read_yaml_mapping
 from bench.errors import UserError
 from bench.runner import RunOptions, plan, run_trial
 from bench.tracking import Tracker
@@ -24,24 +24,11 @@ class Suite:
 
 def load_suite(path: str) -> Suite:
     """Parse and validate every trial of the file before anything runs."""
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise UserError(f"cannot read suite file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"suite file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"suite file {path}: expected a mapping with {', '.join(sorted(SUITE_FIELDS))}")
-    unknown = sorted(set(data) - SUITE_FIELDS)
-    if unknown:
-        raise UserError(f"suite file {path}: unknown field {unknown[0]!r}; valid: {', '.join(sorted(SUITE_FIELDS))}")
+    data = read_yaml_mapping(path, "suite file", SUITE_FIELDS)
     experiment = data.get("experiment")
     if not isinstance(experiment, str) or not experiment:
         raise UserError(f"suite file {path}: 'experiment' must be a non-empty string")
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise UserError(f"suite file {path}: 'seeds' must be a non-empty list of non-negative integers")
+    seeds = check_seeds(data.get("seeds", [0]), f"suite file {path}")
     defaults = data.get("defaults", {})
     entries = data.get("trials")
     if not isinstance(defaults, dict) or not isinstance(entries, list) or not entries:

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from bench.config import read_yaml_mapping
 from bench.errors import UserError
 
 
@@ -68,11 +69,4 @@ class Trial:
 
     @classmethod
     def from_yaml(cls, path: str) -> "Trial":
-        try:
-            with open(path) as fh:
-                data = yaml.safe_load(fh)
-        except OSError as exc:
-            raise UserError(f"cannot read trial file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise UserError(f"trial file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        return cls.from_mapping(data)
+        return cls.from_mapping(read_yaml_mapping(path, "trial file"))

@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.registry import METHODS
-from bench.samples import Samples
-from methods.base import Method
-from methods.sjd import SJDConfig, exact_match_rule, jacobi_decode
-from teachers import discrete_ar
+from methods.sjd import SJD, SJDConfig, exact_match_rule
 
 
 @dataclass(frozen=True)
@@ -21,15 +18,9 @@ class JacobiConfig(SJDConfig):
 
 
 @METHODS.register("jacobi")
-class Jacobi(Method):
+class Jacobi(SJD):
     """Jacobi decoding: accept drafts that equal the refreshed tokens (greedy or sampling)."""
 
-    families = (discrete_ar.FAMILY,)
     Config = JacobiConfig
-    batch_size_one = True
     key_knobs = ("window", "greedy")
-
-    def sample(self, cond, *, generator):
-        c = self.config
-        tokens, counts = jacobi_decode(self.teacher, cond, c, generator, exact_match_rule, greedy=c.greedy)
-        return Samples(tokens.view(1, -1), cond, counts)
+    rule = staticmethod(exact_match_rule)

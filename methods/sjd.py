@@ -144,7 +144,9 @@ class SJD(Method):
     Config = SJDConfig
     batch_size_one = True
     key_knobs = ("window", "init")
+    rule = staticmethod(speculative_rule)
 
     def sample(self, cond, *, generator):
-        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, speculative_rule)
+        greedy = getattr(self.config, "greedy", False)
+        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule, greedy=greedy)
         return Samples(tokens.view(1, -1), cond, counts)

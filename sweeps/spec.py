@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from bench.config import check_seeds, read_yaml_mapping
 from bench.errors import UserError
 from bench.runner import plan
 from bench.trial import Trial
@@ -111,18 +110,7 @@ def _param(name: str, d: Any) -> Param:
 
 
 def load_spec(path: str, **overrides: Any) -> StudySpec:
-    try:
-        with open(path) as fh:
-            d = yaml.safe_load(fh)
-    except OSError as exc:
-        raise UserError(f"cannot read study spec {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"study spec {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(d, dict):
-        raise UserError(f"study spec {path}: expected a mapping")
-    unknown = sorted(set(d) - SPEC_FIELDS)
-    if unknown:
-        raise UserError(f"study spec {path}: unknown field {unknown[0]!r}; valid: {', '.join(sorted(SPEC_FIELDS))}")
+    d = read_yaml_mapping(path, "study spec", SPEC_FIELDS)
     d.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return _build(d)
@@ -160,10 +148,9 @@ def _build(d: dict) -> StudySpec:
     seeds = d.get("seeds", [0])
     if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials <= 0:
         raise UserError(f"n_trials must be a positive integer, got {n_trials!r}")
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise UserError(f"seeds must be a non-empty list of non-negative integers, got {seeds!r}")
+    seeds = check_seeds(seeds, "spec")
     spec = StudySpec(d["study"], d.get("experiment") or "accelbench-sweeps", dict(d["base"]), space,
-                     tuple(objectives), tuple(constraints), sampler, pruner, n_trials, tuple(seeds))
+                     tuple(objectives), tuple(constraints), sampler, pruner, n_trials, seeds)
     # Validate the base trial and every knob name now, with each knob at a value from its range.
     spec.trial({p.name: (p.choices[0] if p.type == "categorical" else (int(p.low) if p.type == "int" else p.low))
                 for p in space}, seeds[0])
