@@ -84,3 +84,28 @@ def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path 
     ax.set_title(f"{teacher}: acceptance vs window")
     ax.legend(fontsize=7)
     return _save(fig, out / f"acceptance_{teacher}.png")
+
+
+def study_history(name: str, objective: str, direction: str, trials: dict[int, float], out: Path) -> Path:
+    """Objective per Optuna trial number and the best value so far."""
+    numbers = sorted(trials)
+    values = [trials[n] for n in numbers]
+    pick = max if direction == "maximize" else min
+    best = [pick(values[: i + 1]) for i in range(len(values))]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(numbers, values, s=12, label=objective)
+    ax.step(numbers, best, where="post", color="k", lw=1, label=f"best so far ({direction})")
+    ax.set_xlabel("trial number")
+    ax.set_ylabel(objective)
+    ax.set_title(f"study {name}: history")
+    ax.legend(fontsize=7)
+    return _save(fig, out / f"study_history_{name}.png")
+
+
+def study_importances(name: str, objective: str, importances: dict[str, float], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 0.6 + 0.4 * len(importances)))
+    knobs = sorted(importances, key=importances.get)
+    ax.barh(knobs, [importances[k] for k in knobs])
+    ax.set_xlabel(f"importance for {objective} (fANOVA, Optuna)")
+    ax.set_title(f"study {name}: knob importances")
+    return _save(fig, out / f"study_importances_{name}.png")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.errors import UserError
-from reports.plots import acceptance_vs_window, quality_vs_time
+from reports.plots import acceptance_vs_window, quality_vs_time, study_history, study_importances
 from reports.tables import TrialRun, build_markdown
 
 
@@ -27,6 +27,43 @@ def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialR
             return runs
 
 
+def _studies(uri: str, experiment: str) -> list[tuple[str, dict]]:
+    """(study name, parent-run params) of every sweep logged in the experiment."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    parents = client.search_runs([exp.experiment_id], "tags.`accelbench.kind` = 'study'", max_results=1000)
+    return sorted((r.data.tags["study_name"], dict(r.data.params)) for r in parents if "objectives" in r.data.params)
+
+
+def study_plots(name: str, params: dict, runs: list[TrialRun], out: Path) -> list[Path]:
+    """History and knob importances of a study, rebuilt from its child runs (mean over seeds per trial)."""
+    import optuna
+
+    metric, direction = params["objectives"].split(",")[0].split(":")
+    space = params["space"].split(",")
+    by_number: dict[int, list[TrialRun]] = {}
+    for r in runs:
+        if r.tags.get("study_name") == name and r.tags.get("optuna_state") == "COMPLETE" and metric in r.metrics:
+            by_number.setdefault(int(r.tags["optuna_trial_number"]), []).append(r)
+    values = {n: sum(r.metrics[metric] for r in rs) / len(rs) for n, rs in by_number.items()}
+    if not values:
+        return []
+    paths = [study_history(name, metric, direction, values, out)]
+    choices = {k: sorted({rs[0].knobs[k] for rs in by_number.values()}) for k in space}
+    if len(values) >= 2 and any(len(c) > 1 for c in choices.values()):
+        dists = {k: optuna.distributions.CategoricalDistribution(c) for k, c in choices.items()}
+        study = optuna.create_study(direction=direction)
+        for n in sorted(by_number):
+            study.add_trial(optuna.trial.create_trial(
+                params={k: by_number[n][0].knobs[k] for k in space}, distributions=dists, value=values[n]))
+        evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)  # seeded: the same store, the same plot
+        paths.append(study_importances(name, metric, optuna.importance.get_param_importances(
+            study, evaluator=evaluator), out))
+    return paths
+
+
 def write_report(uri: str, experiment: str, out: Path, filter_string: str = "") -> Path:
     runs = load_runs(uri, experiment, filter_string)
     out.mkdir(parents=True, exist_ok=True)
@@ -34,6 +71,8 @@ def write_report(uri: str, experiment: str, out: Path, filter_string: str = "") 
     for teacher in sorted({r.teacher for r in runs}):
         mine = [r for r in runs if r.teacher == teacher]
         images += [p for p in (quality_vs_time(mine, teacher, out), acceptance_vs_window(mine, teacher, out)) if p]
+    for name, params in _studies(uri, experiment):
+        images += study_plots(name, params, runs, out)
     text = build_markdown(runs, f"AccelBench report: {experiment}")
     if images:
         text += "\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in images)

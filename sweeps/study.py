@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 import optuna
+from mlflow.entities import Param
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
@@ -46,6 +47,52 @@ def default_storage(workers: int) -> str:
     return "sqlite:///optuna.db" if workers == 1 else "journal:optuna.journal"
 
 
+def _failed_trial_handler(tracker: Tracker | None):
+    """End a dead worker's MLflow runs FAILED, then retry its trial (Optuna's callback, up to MAX_RETRY times)."""
+    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+    def handle(study, trial):
+        if tracker is not None:
+            for run_id in trial.user_attrs.get(RUNS_ATTR, []):
+                if tracker.client.get_run(run_id).info.status == "RUNNING":
+                    tracker.client.set_tag(run_id, "optuna_state", "FAIL")
+                    tracker.client.set_terminated(run_id, "FAILED")
+        retry(study, trial)
+
+    return handle
+
+
+def reap_dead_local_workers(study: optuna.Study, tracker: Tracker | None) -> list[int]:
+    """Journal storages have no heartbeat: fail and retry RUNNING trials whose worker, on this host, has exited.
+
+    Workers on other hosts cannot be checked this way; use an RDB storage (heartbeats) across machines.
+    """
+    host, reaped = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker_host, _, pid = trial.user_attrs.get("worker", "").rpartition(":")
+        if worker_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        study.tell(trial.number, state=TrialState.FAIL)
+        _failed_trial_handler(tracker)(study, study.get_trials(deepcopy=False)[trial.number])
+        reaped.append(trial.number)
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed child that its parent has not waited for yet is a zombie: dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
     url = opts.url
     if url.startswith("journal:"):
@@ -54,20 +101,11 @@ def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
         return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
     if not url.startswith(("sqlite:", "postgresql", "mysql")):
         raise UserError(f"unknown study storage {url!r}; use sqlite:///FILE, journal:FILE or postgresql://...")
-    retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
-
-    def stale(study, trial):
-        if tracker is not None:  # the dead worker's MLflow runs would otherwise stay RUNNING
-            for run_id in trial.user_attrs.get(RUNS_ATTR, []):
-                if tracker.client.get_run(run_id).info.status == "RUNNING":
-                    tracker.client.set_tag(run_id, "optuna_state", "FAIL")
-                    tracker.client.set_terminated(run_id, "FAILED")
-        retry(study, trial)
-
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {"pool_pre_ping": True}
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,
-                                          grace_period=opts.grace, heartbeat_stale_trial_callback=stale)
+                                          grace_period=opts.grace,
+                                          heartbeat_stale_trial_callback=_failed_trial_handler(tracker))
     except Exception as exc:  # an unreachable database: say which, before any work
         raise UserError(f"cannot open study storage {url}: {str(exc).splitlines()[0]}") from None
 
@@ -94,6 +132,11 @@ def open_study(spec: StudySpec, storage, tracker: Tracker) -> optuna.Study:
     if PARENT_ATTR not in study.user_attrs:
         run = tracker.client.create_run(tracker.experiment_id, run_name=f"study:{spec.study}",
                                         tags={"accelbench.kind": "study", "study_name": spec.study})
+        # What a report needs to plot the study from MLflow alone: the objectives and the searched knobs.
+        tracker.client.log_batch(run.info.run_id, params=[
+            Param("objectives", ",".join(f"{o.metric}:{o.direction}" for o in spec.objectives)),
+            Param("space", ",".join(p.name for p in spec.space)), Param("sampler", spec.sampler),
+            Param("n_trials", str(spec.n_trials))])
         study.set_user_attr(PARENT_ATTR, run.info.run_id)
     return study
 
@@ -106,12 +149,15 @@ def finished_run_metrics(tracker: Tracker, key: str) -> dict[str, float] | None:
 
 class Objective:
     def __init__(self, spec: StudySpec, study: optuna.Study, tracker: Tracker, cache: Cache, opts: RunOptions,
-                 force: bool = False):
+                 force: bool = False, reap_local: bool = False):
         self.spec, self.tracker, self.cache, self.opts, self.force = spec, tracker, cache, opts, force
+        self.reap_local = reap_local  # journal storage: no heartbeats, so check local workers' pids instead
         self.parent = study.user_attrs[PARENT_ATTR]
 
     def __call__(self, trial: optuna.Trial):
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        if self.reap_local:
+            reap_dead_local_workers(trial.study, self.tracker)
         if self._surplus(trial):
             trial.set_user_attr(SURPLUS_ATTR, True)
             trial.study.stop()
@@ -181,7 +227,8 @@ def work(spec: StudySpec, storage_opts: StorageOptions, tracker: Tracker, cache:
                 study.stop()
 
     if sum(t.state in done for t in study.get_trials(deepcopy=False)) < spec.n_trials:
-        study.optimize(Objective(spec, study, tracker, cache, opts, force), catch=(Exception,),
+        journal = storage_opts.url.startswith("journal:")
+        study.optimize(Objective(spec, study, tracker, cache, opts, force, reap_local=journal), catch=(Exception,),
                        callbacks=[MaxTrialsCallback(spec.n_trials, states=done), stop_on_failures])
     if len(failures) >= MAX_FAILURES:
         raise UserError(f"worker stopped after {len(failures)} failed trials ({failures}); see their MLflow runs")

@@ -90,6 +90,12 @@ def test_sqlite_sweep_logs_parent_and_children_and_resumes(tmp_path, capsys):
     assert len(ts) == 5 and len({t.number for t in ts}) == 5
     children = [r for r in mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db") if r.data.tags["accelbench.kind"] == "trial"]
     assert len(children) == 5  # one run per trial: nothing recomputed on the reruns
+    out = tmp_path / "report"
+    assert main(["report", "--experiment", "accelbench-sweeps", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+                 "--out", str(out)]) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "study_history_s.png" in text and "study_importances_s.png" in text
+    assert (out / "study_history_s.png").exists() and (out / "study_importances_s.png").exists()
 
 
 def test_multi_objective_spec_yields_a_pareto_front(tmp_path, capsys):
@@ -148,18 +154,26 @@ def test_postgres_four_workers_then_a_killed_worker_is_retried(tmp_path, pg_data
     assert sweep(tmp_path, spec, pg_database, "--workers", "4", mlflow=mlflow) == 0
     _assert_exactly(pg_database, 8)
 
-    # A second study whose trials take ~1 s; SIGKILL a worker while it holds a RUNNING trial.
-    slow = spec_file(tmp_path, teacher="slow-table-ar", n_trials=4, study="slow",
-                     base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
+    _kill_a_worker_mid_trial(tmp_path, pg_database, mlflow)
+
+
+def test_journal_killed_local_worker_is_retried(tmp_path):
+    _kill_a_worker_mid_trial(tmp_path, f"journal:{tmp_path}/optuna.journal", f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
+    """A study whose trials take ~1 s; SIGKILL a worker while it holds a RUNNING trial; the trial is retried."""
     from bench.tracking import Tracker
     from sweeps.study import StorageOptions, make_storage, open_study
 
-    open_study(load_spec(slow), make_storage(StorageOptions(pg_database)), Tracker(mlflow, "accelbench-sweeps"))
-    procs = _run_workers(tmp_path, slow, pg_database, 2, mlflow)
+    slow = spec_file(tmp_path, teacher="slow-table-ar", n_trials=4, study="slow",
+                     base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
+    open_study(load_spec(slow), make_storage(StorageOptions(storage)), Tracker(mlflow, "accelbench-sweeps"))
+    procs = _run_workers(tmp_path, slow, storage, 2, mlflow)
     victim = None
     deadline = time.time() + 60
     while victim is None and time.time() < deadline:
-        running = [t for t in trials(pg_database, "slow") if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
+        running = [t for t in trials(storage, "slow") if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
         pids = {int(t.user_attrs["worker"].split(":")[1]): t.number for t in running}
         victim = next((p for p in procs if p.pid in pids), None)
         time.sleep(0.2)
@@ -168,12 +182,14 @@ def test_postgres_four_workers_then_a_killed_worker_is_retried(tmp_path, pg_data
     os.kill(victim.pid, signal.SIGKILL)
     survivor = next(p for p in procs if p is not victim)
     assert survivor.wait(timeout=180) == 0, survivor.stderr.read().decode()[-2000:]
-    ts = trials(pg_database, "slow")
+    victim.wait()
+    ts = trials(storage, "slow")
     states = {t.number: t.state for t in ts}
     assert states[killed_trial] == TrialState.FAIL
     retried = [t for t in ts if t.system_attrs.get("failed_trial") == killed_trial]
     assert retried and retried[0].state == TrialState.COMPLETE
     assert sum(s == TrialState.COMPLETE for s in states.values()) == 4
-    runs = MlflowClient(mlflow).search_runs([MlflowClient(mlflow).get_experiment_by_name("accelbench-sweeps")
-                                             .experiment_id], f"tags.optuna_trial_number = '{killed_trial}'")
-    assert runs and all(r.info.status == "FAILED" for r in runs if r.data.tags.get("study_name") == "slow")
+    client = MlflowClient(mlflow)
+    runs = client.search_runs([client.get_experiment_by_name("accelbench-sweeps").experiment_id],
+                              f"tags.optuna_trial_number = '{killed_trial}' and tags.study_name = 'slow'")
+    assert runs and all(r.info.status == "FAILED" for r in runs)
