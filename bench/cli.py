@@ -43,22 +43,22 @@ def cmd_run(args) -> int:
 
     trial = _trial_from_args(args)
     plan(trial)  # validate everything before touching the store or building anything
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, args.experiment)
-    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
     metrics = run_trial(trial, cache=Cache(args.cache_dir), tracker=tracker, opts=opts)
-    print(format_result(trial.method, metrics))
+    print(format_result(trial.method, plan(trial).reference, metrics))
     print(f"\nlogged to MLflow: {uri} (experiment {args.experiment!r}); browse with: accelbench ui"
           + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
     return 0
 
 
-def format_result(method: str, m: dict[str, float]) -> str:
+def format_result(method: str, reference: str, m: dict[str, float]) -> str:
     """A small markdown table: the method arm against the reference arm of the same run."""
     quality = sorted(k for k in m if "." in k and not k.startswith(("ref/", "fit/")))
     head = ["arm", "NFE/sample", "tokens/step", "ms/sample (median)", "speed-up wall", "speed-up steps", *quality]
     rows = []
-    for arm, prefix in ((method, ""), ("ar (reference)", "ref/")):
+    for arm, prefix in ((method, ""), (f"{reference} (reference)", "ref/")):
         rows.append([arm, f"{m[prefix + 'nfe_per_sample']:.1f}", f"{m[prefix + 'step_compression']:.2f}",
                      f"{1000 * m[prefix + 'sec_per_sample_median']:.1f}",
                      f"{m['speedup_wall']:.2f}x" if not prefix else "1.00x",
@@ -79,9 +79,9 @@ def cmd_suite(args) -> int:
     from reports.report import write_report
 
     suite = load_suite(args.file)  # every trial validated before anything runs
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, suite.experiment)
-    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
     ran, skipped = run_suite(suite, tracker=tracker, cache=Cache(args.cache_dir), opts=opts, force=args.force)
     print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
     path = write_report(uri, suite.experiment, Path(args.out or Path("results") / suite.experiment))
@@ -111,8 +111,8 @@ def _sweep_context(args, workers: int):
 
     spec = load_spec(args.spec, n_trials=args.n_trials)
     storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
-    tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
     opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=False)
+    tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
     return spec, storage, tracker, Cache(args.cache_dir), opts
 
 

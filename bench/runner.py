@@ -32,6 +32,10 @@ class RunOptions:
     threads: int = 1  # torch intra-op threads while sampling (tiny models run faster on 1 thread here)
     progress: bool = True
 
+    def __post_init__(self):
+        if self.warmup < 0 or self.threads < 1:
+            raise UserError(f"--warmup must be >= 0 and --threads >= 1, got {self.warmup} and {self.threads}")
+
 
 @dataclass
 class Plan:

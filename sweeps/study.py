@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 import optuna
-from mlflow.entities import Param
+from mlflow.entities import Metric, Param
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
@@ -232,7 +232,25 @@ def work(spec: StudySpec, storage_opts: StorageOptions, tracker: Tracker, cache:
                        callbacks=[MaxTrialsCallback(spec.n_trials, states=done), stop_on_failures])
     if len(failures) >= MAX_FAILURES:
         raise UserError(f"worker stopped after {len(failures)} failed trials ({failures}); see their MLflow runs")
+    if sum(t.state in done for t in study.get_trials(deepcopy=False)) >= spec.n_trials:
+        _close_parent(study, spec, tracker)
     return study
+
+
+def _close_parent(study: optuna.Study, spec: StudySpec, tracker: Tracker) -> None:
+    """The study has all its trials: put its outcome on the parent run and end it (again, harmlessly, per worker)."""
+    run_id = study.user_attrs[PARENT_ATTR]
+    metrics = {}
+    try:  # no feasible trial (constraints) leaves no best value
+        if len(spec.objectives) == 1:
+            metrics[f"best_{spec.objectives[0].metric}"] = study.best_value
+        else:
+            metrics["pareto_front_size"] = float(len(study.best_trials))
+    except ValueError:
+        pass
+    metrics["complete_trials"] = float(sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)))
+    tracker.client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in sorted(metrics.items())])
+    tracker.client.set_terminated(run_id, "FINISHED")
 
 
 def summary(study: optuna.Study) -> list[str]:

@@ -83,6 +83,7 @@ class OtherFamilyMethod(AR):
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "0"], "n_samples must be a positive integer"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--batch-size", "4"], "batch_size must be 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window"], "--param expects KEY=VALUE"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--threads", "0"], "--threads >= 1"),
 ])
 def test_bad_input_is_one_clear_line_and_no_run(args, message, store, cache_dir, capsys, monkeypatch):
     monkeypatch.setitem(METHODS._entries, "other", OtherFamilyMethod)
@@ -92,9 +93,11 @@ def test_bad_input_is_one_clear_line_and_no_run(args, message, store, cache_dir,
     assert all(r.info.status != "RUNNING" for r in all_runs(store))
 
 
-def test_validation_happens_before_any_work(store, tmp_path, capsys):
-    assert run_cli(store, tmp_path, "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "x=1") == 2
-    assert not any(tmp_path.iterdir())  # nothing trained, nothing cached
+def test_validation_happens_before_any_work(tmp_path, capsys):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    for bad in (["--param", "x=1"], ["--threads", "0"], ["--n-samples", "-3"]):
+        assert run_cli(store, tmp_path, "--teacher", "digits-ar-t2i", "--method", "sjd", *bad) == 2
+    assert not any(tmp_path.iterdir())  # nothing trained, nothing cached, no store created
 
 
 @pytest.mark.parametrize("exc, status", [(RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED")])

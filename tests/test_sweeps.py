@@ -76,6 +76,8 @@ def test_sqlite_sweep_logs_parent_and_children_and_resumes(tmp_path, capsys):
     assert [t.state for t in ts] == [TrialState.COMPLETE] * 3
     runs = mlflow_runs(f"sqlite:///{tmp_path}/mlflow.db")
     (parent,) = [r for r in runs if r.data.tags.get("accelbench.kind") == "study"]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["complete_trials"] == 3
+    assert parent.data.metrics["best_speedup_steps"] == max(t.value for t in trials(storage))
     children = [r for r in runs if r.data.tags.get("accelbench.kind") == "trial"]
     assert len(children) == 3 and {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert sorted(r.data.tags["optuna_trial_number"] for r in children) == ["0", "1", "2"]
