@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from reports.tables import TrialRun, _quality_columns  # noqa: E402
+from reports.tables import TrialRun, quality_columns  # noqa: E402
 
 WINDOW_KNOBS = ("window", "gamma")
 
@@ -36,7 +36,7 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool) -> l
 
 
 def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
-    quality = _quality_columns(runs)
+    quality = quality_columns(runs)
     if not quality:
         return None
     key, higher = quality[0]

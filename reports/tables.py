@@ -11,9 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-SEED_INDEPENDENT = ("seed",)
 SAMPLING_KNOBS = ("top_k", "temperature", "cfg", "greedy")
-ENV_TAGS = ("git_sha", "cpu", "torch_threads", "device", "python")
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def _knob_text(knobs: dict, names) -> str:
     return ", ".join(f"{k}={knobs[k]}" for k in names if k in knobs) or "—"
 
 
-def _quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
+def quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
     """(metric key, higher is better) for every quality metric any run logged, in a fixed order."""
     cols = {}
     for r in runs:
@@ -78,7 +76,7 @@ def _header(key: str, higher: bool) -> str:
 
 def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
     """Markdown lines of one teacher's table, and whether any quality cell is blank."""
-    quality = _quality_columns(runs)
+    quality = quality_columns(runs)
     head = ["method", "knobs", "sampling", "n", "seeds", "NFE / sample ↓", "ms / sample ↓", "speed-up wall ↑",
             "speed-up steps ↑", *(_header(k, h) for k, h in quality)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -138,7 +136,7 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
     lines = ["## Run environment", "",
              f"- runs: {len(runs)}, dated {dates[0]} to {dates[-1]} (UTC)",
              f"- git: {values('git_sha')}",
-             f"- libraries: " + "; ".join(f"{t[: -len('_version')]} {values(t)}" for t in libs),
+             "- libraries: " + "; ".join(f"{t[: -len('_version')]} {values(t)}" for t in libs),
              f"- CPU: {values('cpu')}; device: {values('device')}; torch threads: {values('torch_threads')}; "
              f"python: {values('python')}"]
     return lines
