@@ -172,10 +172,14 @@ def cmd_studies(args) -> int:
 
 
 def cmd_dashboard(args) -> int:
-    storage = args.storage[len("journal:"):] if args.storage.startswith("journal:") else args.storage  # its form
-    cmd = [sys.executable, "-m", "optuna_dashboard", storage, "--host", args.host, "--port", str(args.port)]
+    from optuna_dashboard import run_server
+
+    from sweeps.study import StorageOptions, make_storage
+
+    storage = make_storage(StorageOptions(args.storage))
     print(f"optuna-dashboard on http://{args.host}:{args.port} for {args.storage} (Ctrl-C to stop)")
-    return subprocess.call(cmd)
+    run_server(storage, host=args.host, port=args.port)
+    return 0
 
 
 def cmd_list(args) -> int:
