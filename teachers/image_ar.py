@@ -126,6 +126,13 @@ class ImageARTeacher:
 
     @classmethod
     def _train(cls, name: str) -> dict:
+        # Parameter init and dropout draw from torch's global generator: seed it, but leave the caller's state as it was.
+        with torch.random.fork_rng():
+            torch.manual_seed(cls.recipe.seed)
+            return cls._fit(name)
+
+    @classmethod
+    def _fit(cls, name: str) -> dict:
         r = cls.recipe
         t0 = time.perf_counter()
         train = load_image_dataset(r.dataset, "train", r.image_size)
@@ -136,7 +143,6 @@ class ImageARTeacher:
         gcfg = GPTConfig(r.codebook_size, cond_vocab, table.shape[-1], vq.grid[0] * vq.grid[1],
                          r.n_layer, r.n_head, r.n_embd, r.dropout)
         g = torch.Generator().manual_seed(r.seed)
-        torch.manual_seed(r.seed)  # parameter init only; a teacher build is its own process-level step
         model = GPT(gcfg)
         tokens = vq.encode(train.images)  # (n, N)
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -177,11 +183,6 @@ class ImageARTeacher:
         """n conditions with uniformly drawn classes (and caption templates): (n, P)."""
         labels = torch.randint(self.cond_table.shape[0], (n,), generator=generator)
         return self._conds(self.cond_table.cpu(), labels, generator).to(self.cond_table.device)
-
-    def labels(self, cond: torch.Tensor) -> torch.Tensor:
-        """The class of each condition row."""
-        match = (self.cond_table.unsqueeze(0) == cond.view(len(cond), 1, 1, -1)).all(-1).any(-1)  # (B, classes)
-        return match.float().argmax(-1)
 
     @torch.inference_mode()
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[ARState, torch.Tensor]:
