@@ -189,7 +189,8 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, ext
             "key_knobs": ",".join(p.method_cls.key_knobs),
             # Directions travel with the numbers, so a report needs nothing but the store.
             **{f"higher_is_better.{k}": str(cls.higher_is_better).lower()
-               for cls in p.metric_classes for k in metrics if k.startswith(cls.name + ".")}})
+               for cls in p.metric_classes for k in metrics
+               if k.startswith(cls.name + ".") and not k.endswith(".std")}})
         log.log_files({"samples.png": _grid_png(images["method"]), "ref_samples.png": _grid_png(images["ref"]),
                        "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -107,7 +107,26 @@ class TorchmetricsFeature(nn.Module):
             images = images.float() / 255.0
         if images.dim() == 4 and images.shape[1] == 3 and self.classifier.channels == 1:
             images = images.mean(dim=1, keepdim=True)
-        return self.classifier.features(images).double()
+        return self._output(images).double()
+
+    def _output(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier.features(images)
+
+
+class TorchmetricsLogits(TorchmetricsFeature):
+    """`DatasetClassifier.logits` as the `feature=` module of torchmetrics' InceptionScore.
+
+    torchmetrics 1.9.0's `InceptionScore` passes a custom module the images given to `update` unchanged (it converts
+    to uint8 only under `normalize=True`) and applies `softmax` / `log_softmax` to the module's output itself, so this
+    returns raw logits, with the same input handling as `TorchmetricsFeature`.
+    """
+
+    def __init__(self, classifier: DatasetClassifier):
+        super().__init__(classifier)
+        self.num_features = classifier.net.head.out_features
+
+    def _output(self, images: torch.Tensor) -> torch.Tensor:
+        return self.classifier.logits(images)
 
 
 def _train(recipe: ClassifierRecipe) -> dict:

@@ -10,15 +10,12 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 
 from bench.cache import Cache
 from bench.registry import METRICS
-from metrics.base import Metric
-from metrics.extractors import TorchmetricsFeature, load_classifier
-from teachers.datasets import load_image_dataset
-
-REAL_BATCH = 256
+from metrics.base import BATCH, ClassifierMetric
+from metrics.extractors import TorchmetricsFeature
 
 
 @METRICS.register("fid")
-class FID(Metric):
+class FID(ClassifierMetric):
     """Frechet distance to the real test split in the features of a classifier trained on the dataset (torchmetrics)."""
 
     name = "fid"
@@ -26,20 +23,17 @@ class FID(Metric):
 
     def __init__(self, teacher, *, cache: Cache, device: torch.device):
         super().__init__(teacher, cache=cache, device=device)
-        self.classifier = load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
-        self.extractor = self.classifier.name
         # reset_real_features=False: `reset` drops the generated images but keeps the test-split statistics.
         self._fid = FrechetInceptionDistance(feature=TorchmetricsFeature(self.classifier),
                                              reset_real_features=False).to(device)
-        real = load_image_dataset(teacher.dataset_name, "test", teacher.image_size).images
-        for batch in real.split(REAL_BATCH):
+        for batch in self.real_images.split(BATCH):
             self._fid.update(batch.to(device), real=True)
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
         self._fid.update(images.to(self.device), real=False)
 
     def compute(self) -> dict[str, float]:
-        return {f"{self.name}.{self.extractor}": float(self._fid.compute())}
+        return {self.key(): float(self._fid.compute())}
 
     def reset(self) -> None:
         self._fid.reset()

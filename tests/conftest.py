@@ -21,3 +21,34 @@ def tiny_recipe(monkeypatch):
     for cls in (DigitsARText, DigitsARClass):
         recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
         monkeypatch.setattr(cls, "recipe", recipe)
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory):
+    """A cache shared by the metric tests, so the digits classifier is trained once per session."""
+    from bench.cache import Cache
+
+    return Cache(tmp_path_factory.mktemp("metric-cache"))
+
+
+@pytest.fixture(scope="session")
+def classifier(cache):
+    import torch
+
+    from metrics.extractors import load_classifier
+
+    return load_classifier("digits", 16, cache=cache, device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def images():
+    """360 digits each: the test split, a train subset, and uniform noise, at the teachers' 16x16."""
+    import torch
+
+    from teachers.datasets import load_image_dataset
+
+    g = torch.Generator().manual_seed(1)
+    train = load_image_dataset("digits", "train", 16).images
+    return {"test": load_image_dataset("digits", "test", 16).images,
+            "train": train[torch.randperm(len(train), generator=g)[:360]],
+            "noise": torch.rand(360, 1, 16, 16, generator=g)}

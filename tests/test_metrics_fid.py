@@ -11,7 +11,6 @@ from bench.cache import Cache
 from metrics import extractors
 from metrics.extractors import TorchmetricsFeature, load_classifier
 from metrics.fid import FID
-from teachers.datasets import load_image_dataset
 
 CPU = torch.device("cpu")
 TEACHER = SimpleNamespace(dataset_name="digits", image_size=16)  # all FID reads from a teacher
@@ -19,27 +18,8 @@ PARITY_RTOL = 1e-6  # both sides get identical float64 features; measured differ
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Cache:
-    return Cache(tmp_path_factory.mktemp("cache"))
-
-
-@pytest.fixture(scope="module")
-def classifier(cache):
-    return load_classifier("digits", 16, cache=cache, device=CPU)
-
-
-@pytest.fixture(scope="module")
 def fid(cache, classifier):
     return FID(TEACHER, cache=cache, device=CPU)
-
-
-@pytest.fixture(scope="module")
-def images() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    train = load_image_dataset("digits", "train", 16).images
-    return {"test": load_image_dataset("digits", "test", 16).images,
-            "train": train[torch.randperm(len(train), generator=g)[:360]],
-            "noise": torch.rand(360, 1, 16, 16, generator=g)}
 
 
 def _fid_of(fid: FID, fake: torch.Tensor) -> float:
