@@ -43,11 +43,12 @@ class SJDConfig(discrete_ar.SamplingConfig):
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Eq. 2: the distribution to resample from after rejecting a draft drawn from q when the target is p."""
-    r = (p - q).clamp(min=0)
-    total = r.sum()
-    # A rejection implies p(d) < q(d), hence positive residual mass; the guard only absorbs rounding.
-    return r / total if total > 0 else p
+    """Eq. 2, unnormalised: max(0, p - q), to resample from after rejecting a draft drawn from q (target p).
+
+    `draw` normalises by the cumulative sum, so the division is left to it. A rejection implies p(d) < q(d), hence
+    q(d) > 0 and, both summing to one, some x with p(x) > q(x): the residual mass is positive.
+    """
+    return (p - q).clamp(min=0)
 
 
 def speculative_rule(P, drafts, qs, S, generator):
