@@ -97,6 +97,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        n_pos = cfg.cond_len + cfg.seq_len
+        self.register_buffer("causal", torch.ones(n_pos, n_pos, dtype=torch.bool).tril(), persistent=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
@@ -117,7 +119,7 @@ class GPT(nn.Module):
         if cache is not None and x.shape[1] > 1:
             # New token t sits at absolute position start+t and may see positions <= start+t.
             L, start = x.shape[1], cache.length
-            mask = torch.ones(L, start + L, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            mask = self.causal[start : start + L, : start + L]
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache, mask)
         if cache is not None:
