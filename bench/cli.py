@@ -141,8 +141,7 @@ def cmd_sweep(args) -> int:
         codes = [p.wait() for p in procs]
         if any(codes):
             raise UserError(f"{sum(c != 0 for c in codes)} of {args.workers} workers failed (exit codes {codes})")
-    study = open_study(spec, make_storage(storage, tracker), tracker)
-    print("\n".join(summary(study)))
+    print("\n".join(summary(study)))  # the storage is read afresh: the workers' trials are all there
     print(f"study storage: {storage.url}; MLflow: {tracker.uri} (experiment {spec.experiment!r})")
     return 0
 

@@ -137,6 +137,17 @@ def _grid_png(images: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
+_LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
+
+
+def _teacher(p: Plan, cache: Cache, tracker: Tracker):
+    key = (p.trial.teacher, p.teacher_cls.key(), str(cache.root), str(p.device))
+    if key not in _LOADED:
+        _LOADED[key] = p.teacher_cls.load(p.trial.teacher, cache=cache, device=p.device,
+                                          on_trained=tracker.log_training)
+    return _LOADED[key]
+
+
 def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
               tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
     """Run one trial and log it as one MLflow run; returns the logged metrics.
@@ -146,7 +157,7 @@ def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions 
     """
     p = plan(trial)
     t = p.trial
-    teacher = p.teacher_cls.load(t.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
+    teacher = _teacher(p, cache, tracker)
     threads_before = torch.get_num_threads()  # training uses every core; sampling uses opts.threads
     torch.set_num_threads(opts.threads)
     try:

@@ -24,3 +24,7 @@ class Jacobi(SJD):
     Config = JacobiConfig
     key_knobs = ("window", "greedy")
     rule = staticmethod(exact_match_rule)
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.greedy

@@ -146,8 +146,8 @@ class SJD(Method):
     batch_size_one = True
     key_knobs = ("window", "init")
     rule = staticmethod(speculative_rule)
+    greedy = False  # SJD samples; Jacobi decoding may take argmax
 
     def sample(self, cond, *, generator):
-        greedy = getattr(self.config, "greedy", False)
-        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule, greedy=greedy)
+        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule, greedy=self.greedy)
         return Samples(tokens.view(1, -1), cond, counts)

@@ -13,7 +13,6 @@ class TableARTeacher(TableAR):
     """The table AR model as a registered teacher: nothing to train, microseconds per token."""
 
     reference_method = "ar"
-    dataset_name, image_size = "digits", 2
 
     @classmethod
     def key(cls) -> str:

@@ -168,7 +168,7 @@ def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
     from bench.tracking import Tracker
     from sweeps.study import StorageOptions, make_storage, open_study
 
-    slow = spec_file(tmp_path, teacher="slow-table-ar", n_trials=4, study="slow",
+    slow = spec_file(tmp_path, n_trials=4, study="slow",
                      base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
     open_study(load_spec(slow), make_storage(StorageOptions(storage)), Tracker(mlflow, "accelbench-sweeps"))
     procs = _run_workers(tmp_path, slow, storage, 2, mlflow)
