@@ -33,7 +33,7 @@ def _trial_from_args(args):
         raise UserError("run needs --teacher and --method (or a trial YAML file)")
     return Trial(teacher=args.teacher, method=args.method, params=_parse_params(args.param),
                  metrics=tuple(args.metric), n_samples=args.n_samples, batch_size=args.batch_size,
-                 seed=args.seed, device=args.device)
+                 seed=args.seed, device=args.device, metric_repeats=args.metric_repeats)
 
 
 def cmd_run(args) -> int:
@@ -42,12 +42,15 @@ def cmd_run(args) -> int:
     from bench.tracking import Tracker, tracking_uri
 
     trial = _trial_from_args(args)
-    plan(trial)  # validate everything before touching the store or building anything
+    checked = plan(trial)  # validate everything before touching the store or building anything
+    for m in checked.metrics:
+        if m.unavailable:
+            print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
     opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, args.experiment)
     metrics = run_trial(trial, cache=Cache(args.cache_dir), tracker=tracker, opts=opts)
-    print(format_result(trial.method, plan(trial).reference, metrics))
+    print(format_result(trial.method, checked.reference, metrics))
     print(f"\nlogged to MLflow: {uri} (experiment {args.experiment!r}); browse with: accelbench ui"
           + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
     return 0
@@ -224,7 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--teacher", help="teacher registry name (see `accelbench list`)")
     r.add_argument("--method", help="method registry name (see `accelbench list`)")
     r.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="a method knob; repeatable")
-    r.add_argument("--metric", action="append", default=[], help="a quality metric; repeatable")
+    r.add_argument("--metric", action="append", default=[], metavar="NAME[@EXTRACTOR]",
+                   help="a quality metric, e.g. fid or fid@inception; repeatable")
+    r.add_argument("--metric-repeats", type=int, default=1,
+                   help="seeds over which stochastic metrics (KID, IS) are repeated: mean and .seed_std (default 1)")
     r.add_argument("--n-samples", type=int, default=64, help="samples per arm (default 64)")
     r.add_argument("--batch-size", type=int, default=1, help="samples per sampler call (default 1)")
     r.add_argument("--seed", type=int, default=0)

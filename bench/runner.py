@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -37,6 +38,27 @@ class RunOptions:
             raise UserError(f"--warmup must be >= 0 and --threads >= 1, got {self.warmup} and {self.threads}")
 
 
+@dataclass(frozen=True)
+class MetricPlan:
+    """A requested metric, "name" or "name@extractor", checked before any work."""
+
+    spec: str
+    cls: Any
+    extractor: str | None
+    unavailable: str | None  # why it cannot be computed here (the run is tagged instead); None when it can
+
+    @classmethod
+    def parse(cls, spec: str) -> "MetricPlan":
+        name, at, extractor = spec.partition("@")
+        metric_cls = METRICS.get(name)
+        if at and not extractor:
+            raise UserError(f"metric {spec!r}: name an extractor after '@' or drop the '@'")
+        return cls(spec, metric_cls, extractor or None, metric_cls.check(extractor or None))
+
+
+SPREAD_SUFFIXES = (".std", ".seed_std")  # keys that measure a metric's spread, not its value
+
+
 @dataclass
 class Plan:
     """A validated trial: everything resolved, nothing built yet."""
@@ -47,7 +69,7 @@ class Plan:
     config: Any
     reference: str
     reference_config: Any
-    metric_classes: list
+    metrics: list[MetricPlan]
     device: torch.device
 
 
@@ -55,7 +77,7 @@ def plan(trial: Trial) -> Plan:
     """Validate a trial before any work: names, family compatibility, knobs, batch size, device."""
     teacher_cls = TEACHERS.get(trial.teacher)
     method_cls = METHODS.get(trial.method)
-    metric_classes = [METRICS.get(m) for m in trial.metrics]
+    metrics = [MetricPlan.parse(m) for m in trial.metrics]
     if teacher_cls.family not in method_cls.families:
         raise UserError(f"method {trial.method!r} does not accept teacher {trial.teacher!r} (family "
                         f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
@@ -72,7 +94,7 @@ def plan(trial: Trial) -> Plan:
     ref_config = ref_cls.Config(**{k: v for k, v in config_dict(config).items() if k in shared})
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
     return Plan(resolved, teacher_cls, method_cls, config, teacher_cls.reference_method, ref_config,
-                metric_classes, device)
+                metrics, device)
 
 
 @dataclass
@@ -121,11 +143,18 @@ def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     return m
 
 
-def _quality(metric, images: torch.Tensor, cond) -> dict[str, float]:
+def _quality(metric, images: torch.Tensor, cond, repeats: int) -> dict[str, float]:
+    """The metric's values; a stochastic one is computed with seeds 0..repeats-1: mean, and "<key>.seed_std"."""
     metric.reset()  # one metric object scores both arms against the same reference side
     for sl in _batches(len(images), 256):
         metric.update(images[sl], cond[sl])
-    return metric.compute()
+    if not metric.stochastic or repeats == 1:
+        return metric.compute(seed=0)
+    values = [metric.compute(seed=seed) for seed in range(repeats)]
+    out = {k: statistics.fmean(v[k] for v in values) for k in values[0]}
+    out.update({f"{k}.seed_std": statistics.stdev(v[k] for v in values)
+                for k in values[0] if not k.endswith(SPREAD_SUFFIXES)})
+    return out
 
 
 def _grid_png(images: torch.Tensor) -> bytes:
@@ -185,23 +214,25 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, ext
         conds = teacher.conditions(t.n_samples, torch.Generator().manual_seed(t.seed)).to(p.device)
         results = _sample_arms(arms, conds, t, opts, p.device)
         metrics = {f"fit/{k}": v for k, v in fit_info.items()}
-        scorers = [cls(teacher, cache=cache, device=p.device) for cls in p.metric_classes]
+        scorers = [m.cls(teacher, cache=cache, device=p.device, extractor=m.extractor)
+                   for m in p.metrics if m.unavailable is None]
         images = {}
         for name, r in results.items():
             prefix = "" if name == "method" else "ref/"
             images[name] = teacher.decode(r.samples)
             arm = _arm_metrics(r, t.n_samples)
             for scorer in scorers:
-                arm.update(_quality(scorer, images[name], r.cond))
+                arm.update(_quality(scorer, images[name], r.cond, t.metric_repeats))
             metrics.update({prefix + k: v for k, v in arm.items()})
         metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
         metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
         log.log(metrics=metrics, tags={
             "key_knobs": ",".join(p.method_cls.key_knobs),
             # Directions travel with the numbers, so a report needs nothing but the store.
-            **{f"higher_is_better.{k}": str(cls.higher_is_better).lower()
-               for cls in p.metric_classes for k in metrics
-               if k.startswith(cls.name + ".") and not k.endswith(".std")}})
+            **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
+               for m in p.metrics for k in metrics
+               if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
+            **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable}})
         log.log_files({"samples.png": _grid_png(images["method"]), "ref_samples.png": _grid_png(images["ref"]),
                        "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -23,9 +23,10 @@ class Trial:
     batch_size: int = 1
     seed: int = 0
     device: str = "auto"
+    metric_repeats: int = 1  # seeds over which stochastic metrics (KID subsets, IS splits) are repeated
 
     def __post_init__(self):
-        for name in ("n_samples", "batch_size"):
+        for name in ("n_samples", "batch_size", "metric_repeats"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"trial: {name} must be a positive integer, got {value!r}")

@@ -4,8 +4,8 @@ torchmetrics-style: a metric is built once per trial (its reference side, e.g. r
 `__init__`), fed generated images with `update`, and read with `compute`. `reset` forgets the generated images only,
 so one metric object can score several arms against the same reference.
 
-`ClassifierMetric` and `BufferedClassifierMetric` are the shared plumbing of the image metrics (FID, KID, IS,
-precision, recall): the dataset classifier as extractor, the real test split as reference, a buffer of generated images.
+`ImageFeatureMetric` is the shared plumbing of the image metrics (FID, KID, IS, precision, recall): an extractor from
+`metrics.features`, the cached features of the real test split as reference, a buffer of generated images' features.
 """
 from __future__ import annotations
 
@@ -17,27 +17,44 @@ from typing import Any, ClassVar
 import torch
 
 from bench.cache import Cache
-from metrics.extractors import DatasetClassifier, load_classifier
-from teachers.datasets import load_image_dataset
-
-BATCH = 256  # images per classifier forward pass (bounds the activations held at once)
+from bench.errors import UserError
+from metrics.features import check_choice, embed, load_extractor, reference_features
 
 
 class Metric:
     name: ClassVar[str]  # registry name, e.g. "fid"
     higher_is_better: ClassVar[bool]
+    # True when `compute` draws random numbers (subsets, splits, k-means): the runner then repeats it over seeds
+    # 0..repeats-1 and logs the mean under the key and the spread under "<key>.seed_std".
+    stochastic: ClassVar[bool] = False
     extractor: str  # the feature extractor's name; part of every key `compute` returns
 
-    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device):
-        """`teacher` gives `dataset_name` and `image_size`; trained extractors are cached in `cache`."""
+    @classmethod
+    def check(cls, extractor: str | None) -> str | None:
+        """Validate a requested extractor (the part after "@" in "fid@inception") before any work is done.
+
+        Raises `UserError` for a choice that can never work (unknown name, a weights file the user asked for that is
+        missing). Returns a one-line reason when the metric cannot be computed on this machine but the trial should
+        still run (the runner then tags the run "unavailable.<name>" instead of logging a number); None otherwise.
+        """
+        if extractor is not None:
+            raise UserError(f"metric {cls.name!r} takes no extractor choice, got {cls.name}@{extractor}")
+        return None
+
+    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
+        """`teacher` gives `dataset_name`, `image_size` (and `captions` for text-image metrics); trained extractors
+        and reference statistics are cached in `cache`."""
         self.teacher, self.cache, self.device = teacher, cache, device
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
         """Add generated images (B, C, H, W), float in [0, 1], with the conditions they were sampled for."""
         raise NotImplementedError
 
-    def compute(self) -> dict[str, float]:
-        """Metric key -> value. Keys are valid MLflow metric names naming the extractor, e.g. "fid.digits-cnn"."""
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        """Metric key -> value. Keys are valid MLflow metric names naming the extractor, e.g. "fid.digits-cnn".
+
+        `seed` drives any randomness (only `stochastic` metrics have some); the global RNG is left as it was.
+        """
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -45,42 +62,40 @@ class Metric:
         raise NotImplementedError
 
 
-class ClassifierMetric(Metric):
-    """An image metric in the features of the classifier trained on the teacher's dataset (`metrics.extractors`)."""
+class ImageFeatureMetric(Metric):
+    """An image metric in the features (or logits) of a `metrics.features` extractor, chosen with "name@extractor".
 
-    classifier: DatasetClassifier
+    Keeps the generated images' features until `reset`; the real side is `reference`, cached on disk.
+    """
 
-    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device):
+    uses_logits: ClassVar[bool] = False  # the inception score reads class logits rather than features
+
+    @classmethod
+    def check(cls, extractor: str | None) -> str | None:
+        check_choice(cls.name, extractor, logits=cls.uses_logits)
+        return None
+
+    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device)
-        self.classifier = load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
-        self.extractor = self.classifier.name
+        self.model = load_extractor(extractor, teacher, cache=cache, device=device)
+        self.extractor = self.model.name
+        self._generated: list[torch.Tensor] = []
 
     @functools.cached_property
-    def real_images(self) -> torch.Tensor:
-        """The whole test split (N, C, H, W), float in [0, 1], on the CPU: the reference side."""
-        # Lazy: the inception score has no reference side and should not pay for loading one.
-        return load_image_dataset(self.teacher.dataset_name, "test", self.teacher.image_size).images
+    def reference(self) -> torch.Tensor:
+        """Features (n, D) of the real reference split."""
+        # Lazy: the inception score has no reference side and should not pay for one.
+        return reference_features(self.model, self.teacher, cache=self.cache, device=self.device)
 
     def key(self, name: str | None = None) -> str:
         """The metric key "<name>.<extractor>", e.g. "fid.digits-cnn"."""
         return f"{name or self.name}.{self.extractor}"
 
-
-class BufferedClassifierMetric(ClassifierMetric):
-    """A `ClassifierMetric` that keeps the generated images (or what `_keep` makes of them) until `reset`."""
-
-    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device):
-        super().__init__(teacher, cache=cache, device=device)
-        self._generated: list[torch.Tensor] = []
-
-    def _keep(self, images: torch.Tensor) -> torch.Tensor:
-        return images
-
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
-        self._generated.append(self._keep(images.detach().to(self.device)))
+        self._generated.append(embed(self.model, images.detach(), device=self.device, logits=self.uses_logits))
 
     def generated(self) -> torch.Tensor:
-        """Everything kept since the last `reset`, concatenated."""
+        """Features (or logits) of everything added since the last `reset`, concatenated: (N, D)."""
         if not self._generated:
             raise ValueError(f"{self.name}: compute() before any update()")
         return torch.cat(self._generated)
@@ -90,11 +105,11 @@ class BufferedClassifierMetric(ClassifierMetric):
 
 
 @contextlib.contextmanager
-def fixed_seed(seed: int = 0) -> Iterator[None]:
+def fixed_seed(seed: int) -> Iterator[None]:
     """Seed torch's global CPU RNG inside the block and restore the caller's RNG state after it.
 
     torchmetrics' KID and IS draw their random subsets / splits from the global RNG; seeding makes a score a function of
-    the images alone, and restoring keeps the caller's random stream the same whether or not a metric ran.
+    the images and the seed alone, and restoring keeps the caller's random stream the same whether or not a metric ran.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

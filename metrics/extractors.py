@@ -52,15 +52,20 @@ class ClassifierNet(nn.Module):
 
 
 class DatasetClassifier(nn.Module):
-    """A trained `ClassifierNet`, frozen in eval mode, that checks its input images."""
+    """A trained `ClassifierNet`, frozen in eval mode, that checks its input images (a `metrics.features` extractor)."""
+
+    batch = 256  # images per forward pass (bounds the activations held at once)
+    max_reference = None  # the whole reference split: it costs milliseconds
+    preprocessing = "none (the dataset's float images in [0, 1] at the teacher's size)"
 
     def __init__(self, name: str, net: ClassifierNet, channels: int, image_size: int, test_accuracy: float,
                  info: dict):
         super().__init__()
         self.name, self.net = name, net.requires_grad_(False)
         self.channels, self.image_size = channels, image_size
-        self.num_features = net.num_features
+        self.num_features, self.num_classes = net.num_features, net.head.out_features
         self.test_accuracy, self.info = test_accuracy, info
+        self.fingerprint = info["key"]  # the recipe hash determines the weights
         self.eval()
 
     def train(self, mode: bool = True) -> "DatasetClassifier":
@@ -85,48 +90,6 @@ class DatasetClassifier(nn.Module):
         """Class logits (B, classes) of float images (B, C, H, W) in [0, 1]."""
         self._check(images)
         return self.net(images)
-
-
-class TorchmetricsFeature(nn.Module):
-    """`DatasetClassifier.features` as the `feature=` module of torchmetrics' FID / KID.
-
-    torchmetrics 1.9.0 passes the images given to `update` to a custom module unchanged (its uint8 conversion under
-    `normalize=True` applies only to its own Inception) and reads the feature dimension from `num_features` (without
-    it, it would probe the module with a (1, 3, 299, 299) dummy image). So this accepts float images in [0, 1] or
-    uint8 images in [0, 255], and RGB images for a grey-scale classifier. Features are returned in float64 because
-    torchmetrics casts the final distance back to the features' dtype.
-    """
-
-    def __init__(self, classifier: DatasetClassifier):
-        super().__init__()
-        self.classifier = classifier
-        self.num_features = classifier.num_features
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if images.dtype == torch.uint8:
-            images = images.float() / 255.0
-        if images.dim() == 4 and images.shape[1] == 3 and self.classifier.channels == 1:
-            images = images.mean(dim=1, keepdim=True)
-        return self._output(images).double()
-
-    def _output(self, images: torch.Tensor) -> torch.Tensor:
-        return self.classifier.features(images)
-
-
-class TorchmetricsLogits(TorchmetricsFeature):
-    """`DatasetClassifier.logits` as the `feature=` module of torchmetrics' InceptionScore.
-
-    torchmetrics 1.9.0's `InceptionScore` passes a custom module the images given to `update` unchanged (it converts
-    to uint8 only under `normalize=True`) and applies `softmax` / `log_softmax` to the module's output itself, so this
-    returns raw logits, with the same input handling as `TorchmetricsFeature`.
-    """
-
-    def __init__(self, classifier: DatasetClassifier):
-        super().__init__(classifier)
-        self.num_features = classifier.net.head.out_features
-
-    def _output(self, images: torch.Tensor) -> torch.Tensor:
-        return self.classifier.logits(images)
 
 
 def _train(recipe: ClassifierRecipe) -> dict:

@@ -1,7 +1,8 @@
-"""Frechet distance between generated and real test-split images, in the features of the dataset's classifier.
+"""Frechet distance (FID, Heusel et al. 2017) between generated images and the real test split.
 
-The distance itself is torchmetrics' `FrechetInceptionDistance` with `metrics.extractors.TorchmetricsFeature` as its
-feature module; only the extractor differs from the standard FID, and the metric key names it.
+The distance is torchmetrics' `FrechetInceptionDistance`, fed features of a `metrics.features` extractor: the dataset's
+classifier by default (`fid`, key "fid.<dataset>-cnn"), or the standard Inception-v3 (`fid@inception`, key
+"fid.inception-v3"); only the extractor differs from the standard FID, and the metric key names it.
 """
 from __future__ import annotations
 
@@ -10,30 +11,24 @@ from torchmetrics.image.fid import FrechetInceptionDistance
 
 from bench.cache import Cache
 from bench.registry import METRICS
-from metrics.base import BATCH, ClassifierMetric
-from metrics.extractors import TorchmetricsFeature
+from metrics.base import ImageFeatureMetric
+from metrics.features import Features
 
 
 @METRICS.register("fid")
-class FID(ClassifierMetric):
-    """Frechet distance to the real test split in the features of a classifier trained on the dataset (torchmetrics)."""
+class FID(ImageFeatureMetric):
+    """Frechet distance to the real test split in an extractor's features (torchmetrics; @cnn default, @inception)."""
 
     name = "fid"
     higher_is_better = False
 
-    def __init__(self, teacher, *, cache: Cache, device: torch.device):
-        super().__init__(teacher, cache=cache, device=device)
-        # reset_real_features=False: `reset` drops the generated images but keeps the test-split statistics.
-        self._fid = FrechetInceptionDistance(feature=TorchmetricsFeature(self.classifier),
-                                             reset_real_features=False).to(device)
-        for batch in self.real_images.split(BATCH):
-            self._fid.update(batch.to(device), real=True)
+    def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
+        super().__init__(teacher, cache=cache, device=device, extractor=extractor)
+        # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.
+        self._fid = FrechetInceptionDistance(feature=Features(self.model.num_features), reset_real_features=False)
+        self._fid.update(self.reference, real=True)
 
-    def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
-        self._fid.update(images.to(self.device), real=False)
-
-    def compute(self) -> dict[str, float]:
-        return {self.key(): float(self._fid.compute())}
-
-    def reset(self) -> None:
+    def compute(self, seed: int = 0) -> dict[str, float]:
         self._fid.reset()
+        self._fid.update(self.generated(), real=False)
+        return {self.key(): float(self._fid.compute())}

@@ -1,8 +1,9 @@
-"""Inception score of generated images, with the dataset's classifier in place of Inception v3.
+"""Inception score (Salimans et al. 2016) of generated images, with the dataset's classifier in place of Inception v3.
 
-The score is torchmetrics' `InceptionScore` (exp of the mean KL divergence between p(y|x) and p(y), over splits) with
-`metrics.extractors.TorchmetricsLogits` as its feature module. It has no reference side: it reads the generated images
-only, and is high when the classifier is confident on each image and the predicted classes are diverse.
+The score is torchmetrics' `InceptionScore` (exp of the mean KL divergence between p(y|x) and p(y), over splits), fed
+the classifier's logits. It has no reference side: it reads the generated images only, and is high when the classifier
+is confident on each image and the predicted classes are diverse. The split assignment is random (seed of `compute`).
+The Inception TorchScript ends at pool3 (no logits), so `is@inception` is refused.
 """
 from __future__ import annotations
 
@@ -11,30 +12,31 @@ import warnings
 from torchmetrics.image.inception import InceptionScore as TorchmetricsInceptionScore
 
 from bench.registry import METRICS
-from metrics.base import BATCH, BufferedClassifierMetric, fixed_seed
-from metrics.extractors import TorchmetricsLogits
+from metrics.base import ImageFeatureMetric, fixed_seed
+from metrics.features import Features
 
 
 @METRICS.register("is")
-class InceptionScore(BufferedClassifierMetric):
+class InceptionScore(ImageFeatureMetric):
     """Inception score (confident and diverse class predictions) with the dataset's classifier (torchmetrics)."""
 
     name = "is"
     higher_is_better = True
+    stochastic = True
+    uses_logits = True
     splits = 10  # the standard number; `compute` uses fewer so that each split keeps at least `min_split` images
     min_split = 50  # smaller splits give a marginal p(y) from a handful of images and a meaningless score
 
-    def compute(self) -> dict[str, float]:
-        fake = self.generated()
-        splits = max(1, min(self.splits, len(fake) // self.min_split))
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        logits = self.generated()
+        splits = max(1, min(self.splits, len(logits) // self.min_split))
         # torchmetrics fixes `splits` at construction, so the metric is built here, once the image count is known.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer")  # we know
-            score = TorchmetricsInceptionScore(feature=TorchmetricsLogits(self.classifier),
-                                               splits=splits).to(self.device)
-        for batch in fake.split(BATCH):
-            score.update(batch)
-        with fixed_seed():
+            score = TorchmetricsInceptionScore(feature=Features(self.model.num_classes), splits=splits)
+        score.update(logits)
+        with fixed_seed(seed), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="std\\(\\): degrees of freedom")  # one split has no spread
             mean, std = score.compute()
         # The spread over splits is keyed under "is." too: every key a metric returns starts with its name.
         return {self.key(): float(mean)} | ({f"{self.key()}.std": float(std)} if splits > 1 else {})

@@ -1,7 +1,8 @@
-"""Kernel Inception Distance between generated and real test-split images, in the features of the dataset's classifier.
+"""Kernel Inception Distance (KID, Binkowski et al. 2018) between generated images and the real test split.
 
-The distance is torchmetrics' `KernelInceptionDistance` (unbiased polynomial-kernel MMD^2 averaged over random subsets)
-with `metrics.extractors.TorchmetricsFeature` as its feature module, as for `metrics.fid`.
+The distance is torchmetrics' `KernelInceptionDistance` (unbiased polynomial-kernel MMD^2 averaged over random subsets),
+fed features of a `metrics.features` extractor, as for `metrics.fid`. The subsets are random: the value depends on the
+seed of `compute`, and the runner can repeat it over seeds.
 """
 from __future__ import annotations
 
@@ -10,35 +11,34 @@ import warnings
 from torchmetrics.image.kid import KernelInceptionDistance
 
 from bench.registry import METRICS
-from metrics.base import BATCH, BufferedClassifierMetric, fixed_seed
-from metrics.extractors import TorchmetricsFeature
+from metrics.base import ImageFeatureMetric, fixed_seed
+from metrics.features import Features
 
 
 @METRICS.register("kid")
-class KID(BufferedClassifierMetric):
-    """Kernel (polynomial MMD) distance to the real test split in the dataset classifier's features (torchmetrics)."""
+class KID(ImageFeatureMetric):
+    """Kernel (polynomial MMD) distance to the real test split in an extractor's features (torchmetrics)."""
 
     name = "kid"
     higher_is_better = False
+    stochastic = True
     # The libraries' default subset size (1000) is larger than the digits test split (360 images) and than a typical
     # trial's sample count; `compute` lowers 50 further when either side has fewer images.
     subset_size = 50
     subsets = 100
 
-    def compute(self) -> dict[str, float]:
-        fake, real = self.generated(), self.real_images
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        fake, real = self.generated(), self.reference
         # torchmetrics fixes subset_size at construction and raises if either side has fewer images, so the metric is
-        # built here, once the number of generated images is known, and fed everything kept so far.
+        # built here, once the number of generated images is known.
         size = min(self.subset_size, len(fake), len(real))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer")  # we know
-            kid = KernelInceptionDistance(feature=TorchmetricsFeature(self.classifier), subsets=self.subsets,
-                                          subset_size=size).to(self.device)
-        for batch in real.split(BATCH):
-            kid.update(batch.to(self.device), real=True)
-        for batch in fake.split(BATCH):
-            kid.update(batch, real=False)
-        with fixed_seed():
+            kid = KernelInceptionDistance(feature=Features(self.model.num_features), subsets=self.subsets,
+                                          subset_size=size)
+        kid.update(real, real=True)
+        kid.update(fake, real=False)
+        with fixed_seed(seed):
             mean, std = kid.compute()
         # The spread over subsets is keyed under "kid." too: every key a metric returns starts with its name (the
         # runner tags directions and the contract test checks keys by that prefix).

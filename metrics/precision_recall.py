@@ -1,40 +1,31 @@
 """Improved precision and recall (Kynkaanniemi et al. 2019) of generated images against the real test split.
 
-Both are measured in the features of the dataset's classifier (`metrics.extractors`) by torch-fidelity's
+Both are measured in the features of a `metrics.features` extractor by torch-fidelity's
 `prc_features_to_metric`: a generated image counts towards precision if it lies inside the k-nearest-neighbour ball of
 some real image, and a real image counts towards recall if it lies inside the ball of some generated image. The two
 registered metrics share one class that keeps the features.
 """
 from __future__ import annotations
 
-import torch
 from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_features_to_metric
 
-from bench.cache import Cache
 from bench.registry import METRICS
-from metrics.base import BATCH, BufferedClassifierMetric
+from metrics.base import ImageFeatureMetric
 
 
-class _PrecisionRecall(BufferedClassifierMetric):
-    """Keeps the classifier features of the generated images and of the real test split; `_result` picks the output."""
+class _PrecisionRecall(ImageFeatureMetric):
+    """k-NN manifolds of the generated and the real features; `_result` picks the output."""
 
     higher_is_better = True
     neighborhood = 3  # k of the k-NN balls; torch-fidelity's and the paper's default
     _result: str  # key of `prc_features_to_metric`'s dict
 
-    def __init__(self, teacher, *, cache: Cache, device: torch.device):
-        super().__init__(teacher, cache=cache, device=device)
-        self._real = torch.cat([self.classifier.features(b.to(device)) for b in self.real_images.split(BATCH)])
-
-    def _keep(self, images: torch.Tensor) -> torch.Tensor:
-        return self.classifier.features(images)  # features, not images: that is all the k-NN balls need
-
-    def compute(self) -> dict[str, float]:
-        fake = self.generated()
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        fake, real = self.generated(), self.reference
         # A k-NN radius needs k other points in the set (torch-fidelity takes the (k+1)-th smallest distance, the
         # point itself being the first) and fails otherwise, so with few generated images k is capped at n - 1.
-        k = min(self.neighborhood, len(fake) - 1, len(self._real) - 1)
-        prc = prc_features_to_metric(fake, self._real, prc_neighborhood=k, verbose=False)
+        k = min(self.neighborhood, len(fake) - 1, len(real) - 1)
+        prc = prc_features_to_metric(fake, real, prc_neighborhood=k, verbose=False)
         return {self.key(): float(prc[self._result])}
 
 

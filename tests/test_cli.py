@@ -26,7 +26,7 @@ def all_runs(store):
 
 def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     code = run_cli(store, tmp_path / "cache", "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=4",
-                   "--metric", "fid", "--n-samples", "6", "--seed", "3")
+                   "--metric", "fid", "--metric", "kid", "--metric-repeats", "3", "--n-samples", "6", "--seed", "3")
     assert code == 0
     out = capsys.readouterr().out
     assert "| sjd |" in out and store in out
@@ -36,8 +36,13 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     m, p, tags = run.data.metrics, run.data.params, run.data.tags
     for key in ("speedup_wall", "speedup_steps", "sec_per_sample_median", "sec_per_sample_p90",
                 "sec_per_batch_median", "samples_per_sec", "nfe_per_sample", "step_compression",
-                "acceptance_rate", "fid.digits-cnn", "ref/fid.digits-cnn", "ref/sec_per_sample_median"):
+                "acceptance_rate", "fid.digits-cnn", "ref/fid.digits-cnn", "ref/sec_per_sample_median",
+                "kid.digits-cnn", "kid.digits-cnn.std", "kid.digits-cnn.seed_std", "ref/kid.digits-cnn.seed_std"):
         assert key in m, key
+    assert "fid.digits-cnn.seed_std" not in m  # FID is a function of the images: nothing to repeat
+    assert m["kid.digits-cnn.seed_std"] > 0 and p["metric_repeats"] == "3"
+    assert {t for t in run.data.tags if t.startswith("higher_is_better.")} == {
+        "higher_is_better.fid.digits-cnn", "higher_is_better.kid.digits-cnn"}
     assert m["ref/nfe_per_sample"] == 64 and m["nfe_per_sample"] <= 64
     assert m["speedup_steps"] == pytest.approx(m["ref/nfe_per_sample"] / m["nfe_per_sample"])
     assert m["speedup_wall"] == pytest.approx(m["ref/sec_per_sample_median"] / m["sec_per_sample_median"])
@@ -84,6 +89,12 @@ class OtherFamilyMethod(AR):
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--batch-size", "4"], "batch_size must be 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window"], "--param expects KEY=VALUE"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--threads", "0"], "--threads >= 1"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "fid@vgg"],
+     "metric 'fid': unknown extractor 'vgg'; valid: cnn, inception"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "is@inception"], "needs class logits"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "kid@"], "name an extractor after '@'"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric-repeats", "0"],
+     "metric_repeats must be a positive integer"),
 ])
 def test_bad_input_is_one_clear_line_and_no_run(args, message, store, cache_dir, capsys, monkeypatch):
     monkeypatch.setitem(METHODS._entries, "other", OtherFamilyMethod)

@@ -47,11 +47,20 @@ def test_metric_entry(name, tmp_path):
     from bench.cache import Cache
 
     cls = METRICS.get(name)
-    assert cls.__doc__ and isinstance(cls.higher_is_better, bool)
+    assert cls.__doc__ and isinstance(cls.higher_is_better, bool) and isinstance(cls.stochastic, bool)
+    unavailable = cls.check(None)
+    if unavailable is not None:  # e.g. a checkpoint this machine does not have: one line saying what is missing
+        assert isinstance(unavailable, str) and unavailable.startswith(name) and "\n" not in unavailable
+        return
     teacher = tiny_gpt_teacher()
     teacher.dataset_name, teacher.image_size = "digits", 16
+    cond = teacher.conditions(8, torch.Generator().manual_seed(0))
     metric = cls(teacher, cache=Cache(tmp_path), device=torch.device("cpu"))
-    metric.update(torch.rand(8, 1, 16, 16), torch.zeros(8, 1, dtype=torch.long))
-    values = metric.compute()
+    metric.update(torch.rand(8, 1, 16, 16, generator=torch.Generator().manual_seed(0)), cond)
+    values = metric.compute(seed=0)
     assert values and all(k.startswith(name + ".") for k in values)
     assert all(isinstance(v, float) for v in values.values())
+    assert metric.compute(seed=0) == values  # a function of the images and the seed
+    metric.reset()
+    with pytest.raises(ValueError):
+        metric.compute()

@@ -9,7 +9,7 @@ import torch
 
 from bench.cache import Cache
 from metrics import extractors
-from metrics.extractors import TorchmetricsFeature, load_classifier
+from metrics.extractors import load_classifier
 from metrics.fid import FID
 
 CPU = torch.device("cpu")
@@ -53,18 +53,39 @@ def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path, classif
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_torchmetrics_adaptor_accepts_uint8_and_rgb(classifier, images):
-    adaptor = TorchmetricsFeature(classifier)
-    x = (images["test"][:8] * 255).round() / 255  # exactly representable as uint8
-    expected = classifier.features(x).double()
-    assert adaptor.num_features == classifier.num_features
-    assert torch.equal(adaptor(x), expected)
-    assert torch.equal(adaptor((x * 255).round().to(torch.uint8)), expected)
-    torch.testing.assert_close(adaptor(x.expand(-1, 3, -1, -1)), expected, rtol=1e-5, atol=1e-6)  # mean rounds
-    adaptor.train()
+def test_classifier_checks_its_input_and_stays_in_eval_mode(classifier):
+    classifier.train()
     assert not classifier.training  # batch statistics would make features depend on the batch
     with pytest.raises(ValueError, match="digits-cnn expects"):
-        adaptor(torch.rand(2, 1, 8, 8))
+        classifier.features(torch.rand(2, 1, 8, 8))
+
+
+def test_reference_features_are_cached_by_extractor_and_split(tmp_path, classifier, images, monkeypatch):
+    from metrics import features
+
+    cache = Cache(tmp_path)
+    first = features.reference_features(classifier, TEACHER, cache=cache, device=CPU)
+    assert first.shape == (len(images["test"]), classifier.num_features)
+    # The reference is the whole split in a fixed order: the same multiset of features as the split itself.
+    direct = classifier.features(images["test"])
+    assert torch.allclose(first.sum(0), direct.sum(0), rtol=1e-4) and len(list(tmp_path.glob("reference/*.pt"))) == 1
+    monkeypatch.setattr(features, "embed", lambda *a, **k: pytest.fail("recomputed although cached"))
+    assert torch.equal(features.reference_features(classifier, TEACHER, cache=cache, device=CPU), first)
+    monkeypatch.setattr(classifier, "max_reference", 100)  # another n is another entry
+    with pytest.raises(pytest.fail.Exception, match="recomputed"):
+        features.reference_features(classifier, TEACHER, cache=cache, device=CPU)
+
+
+def test_extractor_choices_are_validated():
+    from bench.errors import UserError
+
+    assert FID.check(None) is None and FID.check("cnn") is None
+    with pytest.raises(UserError, match="unknown extractor 'vgg'; valid: cnn, inception"):
+        FID.check("vgg")
+    from metrics.inception_score import InceptionScore
+
+    with pytest.raises(UserError, match="needs class logits"):
+        InceptionScore.check("inception")
 
 
 @pytest.mark.parametrize("fake", ["train", "noise"])

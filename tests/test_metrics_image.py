@@ -111,6 +111,15 @@ def test_compute_is_reproducible_and_leaves_the_global_rng_alone(metrics, images
     assert [_score(metrics[n], images["noise"][:40]) for n in ("kid", "is")] == first
 
 
+@pytest.mark.parametrize("name", ["kid", "is"])
+def test_stochastic_metrics_depend_on_the_seed_only(metrics, images, name):
+    metric = metrics[name]
+    assert metric.stochastic and not metrics["precision"].stochastic
+    _score(metric, images["train"])
+    by_seed = [metric.compute(seed=s) for s in (0, 1, 0)]
+    assert by_seed[0] == by_seed[2] and by_seed[0] != by_seed[1]
+
+
 def test_small_batches_use_smaller_subsets_and_splits(metrics, images):
     few = images["train"][:8]  # fewer than the default KID subset size and IS splits
     for name in ("kid", "is"):

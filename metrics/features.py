@@ -1,0 +1,97 @@
+"""Image feature extractors for FID / KID / IS / precision / recall, and cached real-data reference features.
+
+Two extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
+- `cnn` (default): the small classifier trained on the teacher's dataset (`metrics.extractors`), seconds on CPU;
+- `inception`: the standard FID Inception-v3 from a local TorchScript file (`metrics.inception`), slow on CPU.
+
+The reference side (features of the real test split) is cached on disk, clean-fid style, keyed by dataset, split,
+image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once.
+Metrics hand features, never images, to torchmetrics through `Features`, so each image passes the extractor once.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+from bench.cache import Cache, config_key
+from bench.errors import UserError
+from teachers.datasets import load_image_dataset
+
+CHOICES = ("cnn", "inception")
+REFERENCE_SPLIT = "test"
+REFERENCE_VERSION = 1  # bump when the way reference features are computed changes
+
+
+class ImageExtractor(Protocol):
+    name: str  # appears in every metric key, e.g. "fid.digits-cnn"
+    num_features: int
+    num_classes: int | None  # None: no logits (no inception score)
+    batch: int  # images per forward pass
+    max_reference: int | None  # cap on reference images (None: the whole split)
+    preprocessing: str  # how [0, 1] images are turned into the network's input; part of the reference key
+    fingerprint: str  # identity of the weights; part of the reference key
+
+    def features(self, images: torch.Tensor) -> torch.Tensor: ...
+    def logits(self, images: torch.Tensor) -> torch.Tensor: ...
+
+
+def check_choice(metric: str, choice: str | None, *, logits: bool) -> None:
+    """Validate "metric@choice" before any work; the Inception weights must then be on disk."""
+    from metrics.inception import weights_path
+
+    if choice is None or choice == "cnn":
+        return
+    if choice not in CHOICES:
+        raise UserError(f"metric {metric!r}: unknown extractor {choice!r}; valid: {', '.join(CHOICES)}")
+    if logits:
+        raise UserError(f"metric {metric!r} needs class logits; the inception TorchScript has none (use {metric}@cnn)")
+    weights_path()
+
+
+def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: torch.device) -> ImageExtractor:
+    from metrics.extractors import load_classifier
+    from metrics.inception import load_inception
+
+    if choice == "inception":
+        return load_inception(device)
+    return load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
+
+
+@torch.no_grad()
+def embed(extractor: ImageExtractor, images: torch.Tensor, *, device: torch.device,
+          logits: bool = False) -> torch.Tensor:
+    """Features (N, D), or logits (N, K), of images (N, C, H, W) in [0, 1], a batch at a time, on the CPU."""
+    fn = extractor.logits if logits else extractor.features
+    return torch.cat([fn(b.to(device)).float().cpu() for b in images.split(extractor.batch)])
+
+
+def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
+                       device: torch.device) -> torch.Tensor:
+    """Features (n, D) of the real reference split: from the cache, or computed and cached on first use."""
+    data = load_image_dataset(teacher.dataset_name, REFERENCE_SPLIT, teacher.image_size)
+    n = min(len(data.images), extractor.max_reference or len(data.images))
+    recipe = {"dataset": teacher.dataset_name, "split": REFERENCE_SPLIT, "image_size": teacher.image_size,
+              "extractor": extractor.name, "weights": extractor.fingerprint,
+              "preprocessing": extractor.preprocessing, "n": n}
+    # The first n of a fixed permutation: a capped reference is still a class-balanced sample of the split.
+    idx = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(0))[:n]
+    feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION),
+                                  lambda: embed(extractor, data.images[idx], device=device))
+    return feats
+
+
+class Features(nn.Module):
+    """The `feature=` module of torchmetrics' FID / KID / IS when it is given features rather than images.
+
+    torchmetrics 1.9.0 calls the module on whatever `update` receives and reads the dimension from `num_features`.
+    Float64, because torchmetrics casts the final value back to the features' dtype.
+    """
+
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.num_features = num_features
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.double()
