@@ -159,5 +159,9 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
             "extractor of each metric is in parentheses."]
     if any_blank:
         out += ["", "Blank cells: the metric was not computed for that row (not requested, or not applicable)."]
+    unavailable = {(tag[len("unavailable."):], reason) for r in runs for tag, reason in r.tags.items()
+                   if tag.startswith("unavailable.")}
+    out += ["", *(f"Requested but unavailable where it ran, so not computed: `{metric}` ({reason})."
+                  for metric, reason in sorted(unavailable))] if unavailable else []
     out += ["", *environment_footer(runs), ""]
     return "\n".join(out)

@@ -40,8 +40,10 @@ def store(tmp_path):
     log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=25.0, ref_ms=40.0, nfe=32.0, fid=3.0, ref_fid=2.5, day=2)
     log_trial(client, exp, "sjd", 2, SJD_KNOBS, ms=20.0, ref_ms=44.0, nfe=34.0, fid=4.0, ref_fid=2.8, day=3)
     # A Jacobi run without FID: its quality cell must be blank, never zero.
-    log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False", "top_k": "0", "temperature": "1.0",
-                                         "cfg": "1.0"}, ms=40.0, ref_ms=40.0, nfe=60.0, day=2)
+    jacobi = log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False", "top_k": "0",
+                                                  "temperature": "1.0", "cfg": "1.0"}, ms=40.0, ref_ms=40.0, nfe=60.0,
+                       day=2)
+    client.set_tag(jacobi, "unavailable.hpsv2", "hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT")
     # A failed run and a teacher-training run are not part of the report.
     failed = client.create_run(exp, tags={"accelbench.kind": "trial"})
     client.set_terminated(failed.info.run_id, "FAILED")
@@ -75,6 +77,7 @@ def test_table_cells_and_arithmetic(store, tmp_path):
     jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
     assert jacobi[4:] == ["1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
     assert "Blank cells: the metric was not computed" in text
+    assert "unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT)" in text and "HPSV2" not in header
     assert "runs: 4, dated 2026-09-22 to 2026-09-24 (UTC)" in text and "Test CPU" in text
 
 
