@@ -1,2 +1,2 @@
 """Quality metrics; importing this package registers them."""
-from metrics import fid, inception_score, kid, precision_recall  # noqa: F401
+from metrics import clip_score, fid, hpsv2, inception_score, kid, precision_recall  # noqa: F401
