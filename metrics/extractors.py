@@ -33,6 +33,15 @@ class ClassifierRecipe:
     seed: int = 0
 
 
+# Per-dataset departures from the defaults (which are the digits recipe). Fashion-MNIST's 60k 28x28 images make an
+# epoch over 100x costlier than digits': 3 epochs of larger batches reach ~90 % test accuracy in under a minute.
+_RECIPES = {"fashion-mnist": {"epochs": 3, "batch_size": 128, "lr": 2e-2}}
+
+
+def classifier_recipe(dataset: str, image_size: int) -> ClassifierRecipe:
+    return ClassifierRecipe(dataset=dataset, image_size=image_size, **_RECIPES.get(dataset, {}))
+
+
 class ClassifierNet(nn.Module):
     """Three conv-BN-ReLU blocks (two 2x max-pools between them), global average pooling, a linear head."""
 
@@ -132,7 +141,7 @@ def _train(recipe: ClassifierRecipe) -> dict:
 
 def load_classifier(dataset: str, image_size: int, *, cache: Cache, device: torch.device) -> DatasetClassifier:
     """The dataset's classifier at this image size: loaded from `cache`, or trained and cached on first use."""
-    recipe = ClassifierRecipe(dataset=dataset, image_size=image_size)
+    recipe = classifier_recipe(dataset, image_size)
     key = config_key(dataclasses.asdict(recipe), EXTRACTOR_VERSION)
     blob, cached = cache.get_or_build("extractors", key, lambda: _train(recipe))
     with torch.device("meta"):  # no random init (it would draw from the caller's global RNG) for weights we replace

@@ -1,4 +1,6 @@
 """Teacher families and the registered tiny teachers."""
+import dataclasses
+
 from bench.registry import TEACHERS
 from teachers.image_ar import ImageARRecipe, ImageARTeacher
 
@@ -15,3 +17,22 @@ class DigitsARText(ImageARTeacher):
     """Text-conditional AR transformer (open_clip BPE caption prefix) over 64 patch tokens of digits (16x16)."""
 
     recipe = ImageARRecipe(dataset="digits", conditioning="text")
+
+
+@TEACHERS.register("fashion-ar-c2i")
+class FashionARClass(ImageARTeacher):
+    """Class-conditional AR transformer over 49 k-means patch tokens of Fashion-MNIST (28x28)."""
+
+    # 7x7 tokens of 4x4 patches. 256 codes: test reconstruction MSE 0.0070 (512 codes: 0.0059, at twice the output
+    # vocabulary to learn). Digits' transformer; 2000 steps of 64 images reach a test NLL of 1.51 nats/token
+    # (1500 steps of 48: 1.56, with visibly worse samples; width 128: 1.49 at 1.6x the time). 12 caption tokens
+    # hold the longest caption untruncated.
+    recipe = ImageARRecipe(dataset="fashion-mnist", conditioning="class", image_size=28, patch=4, codebook_size=256,
+                           steps=2000, batch_size=64, caption_len=12)
+
+
+@TEACHERS.register("fashion-ar-t2i")
+class FashionARText(ImageARTeacher):
+    """Text-conditional AR transformer (open_clip BPE caption prefix) over 49 patch tokens of Fashion-MNIST (28x28)."""
+
+    recipe = dataclasses.replace(FashionARClass.recipe, conditioning="text")

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from bench.cache import Cache, config_key
 from bench.samples import Samples
 from teachers import discrete_ar
-from teachers.datasets import ImageDataset, load_image_dataset
+from teachers.datasets import ImageDataset, caption_table, load_image_dataset
 from teachers.gpt import GPT, GPTConfig, KVCache
 from teachers.patch_vq import PatchQuantizer
 
@@ -216,6 +216,18 @@ class ImageARTeacher:
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vq.decode(tokens)
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        """The caption of each condition row (B, P): text-image metrics such as CLIP score need the prompt.
+
+        A class condition reads as the class's first caption template ("a handwritten seven").
+        """
+        table = self.cond_table.flatten(0, 1)  # (classes * templates, P)
+        match = (cond.unsqueeze(1) == table.unsqueeze(0)).all(-1)  # (B, classes * templates)
+        if not match.any(-1).all():
+            raise ValueError(f"{self.name}: a condition row is not one of the teacher's conditions")
+        texts = [row[t] for row in caption_table(self.dataset_name) for t in range(self.cond_table.shape[1])]
+        return [texts[i] for i in match.int().argmax(-1).tolist()]
 
     def sample(self, cond, *, generator, sampling: discrete_ar.SamplingConfig, greedy: bool = False) -> Samples:
         return discrete_ar.sample_ar(self, cond, sampling, generator=generator, greedy=greedy)

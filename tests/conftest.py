@@ -16,9 +16,9 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
     """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers import DigitsARClass, DigitsARText
+    from teachers import DigitsARClass, DigitsARText, FashionARClass, FashionARText
 
-    for cls in (DigitsARText, DigitsARClass):
+    for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
         recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
         monkeypatch.setattr(cls, "recipe", recipe)
 
