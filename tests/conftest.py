@@ -8,6 +8,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Torch on one thread, as the runner samples and scores by default (`RunOptions.threads`): the tests' small models
+    gain nothing from a second thread, and when another process shares the 2 cores they ran 5-40x slower on two."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")

@@ -12,20 +12,20 @@ from teachers import discrete_ar
 
 @dataclass
 class _TableState:
-    tokens: list
+    rows: list  # the tokens of each sequence of the batch
     cfg: float
-    batch: int
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
+        return len(self.rows[0])
 
 
 class TableAR:
     """A discrete AR 'model' whose next-token logits are a random table indexed by the whole prefix.
 
     Every prefix gets its own distribution, so verification bugs that only a real prefix dependence exposes are not
-    hidden. `extend` also records every prefix it was asked about, for KV-rollback checks.
+    hidden. `extend` also records every prefix it was asked about, for KV-rollback checks. Sequences of a batch are
+    looked up one by one; `codebook` is a fixed random unit vector per token (flow-matching methods map into it).
     """
 
     family: ClassVar[str] = discrete_ar.FAMILY
@@ -36,6 +36,7 @@ class TableAR:
         n_prefixes = sum(vocab**k for k in range(seq_len))
         self._cond = sharpness * torch.randn(n_prefixes, vocab, generator=g)
         self._uncond = sharpness * torch.randn(n_prefixes, vocab, generator=g)
+        self.codebook = torch.nn.functional.normalize(torch.randn(vocab, 4, generator=g), dim=-1)  # (V, 4)
 
     def _index(self, prefix) -> int:
         offset = sum(self.vocab_size**k for k in range(len(prefix)))
@@ -50,19 +51,22 @@ class TableAR:
         return torch.zeros(n, 1, dtype=torch.long)
 
     def start(self, cond, *, cfg):
-        assert cond.shape[0] == 1, "the table model decodes one sequence"
-        state = _TableState([], cfg, 1)
-        return state, self._logits([], cfg).unsqueeze(0)
+        state = _TableState([[] for _ in range(len(cond))], cfg)
+        return state, self._logits([], cfg).expand(len(cond), -1)
 
     def extend(self, state, tokens):
-        rows = []
-        for t in tokens[0].tolist():
-            state.tokens.append(t)
-            rows.append(self._logits(state.tokens, state.cfg))
-        return torch.stack(rows).unsqueeze(0)  # (1, L, V)
+        out = []
+        for row, new in zip(state.rows, tokens.tolist()):
+            steps = []
+            for t in new:
+                row.append(t)
+                steps.append(self._logits(row, state.cfg))
+            out.append(torch.stack(steps))
+        return torch.stack(out)  # (B, L, V)
 
     def rollback(self, state, length):
-        del state.tokens[length:]
+        for row in state.rows:
+            del row[length:]
 
     def decode(self, tokens):
         return tokens.float().view(len(tokens), 1, *self.grid) / max(1, self.vocab_size - 1)

@@ -51,16 +51,6 @@ def tiny_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
         return open_clip.create_model(TINY_ARCH).state_dict()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Score on one thread, as the runner does by default (`RunOptions.threads`): with another process busy on this
-    2-core machine, two threads made these small forward passes ~40x slower (6.7 s instead of 0.17 s per 1000)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def digits_test():
     data = load_image_dataset("digits", "test", 16)

@@ -10,7 +10,7 @@ from bench.errors import UserError
 from metrics.clip_models import eval_transform
 from metrics.hpsv2 import CHECKPOINT_ENV, HPSv2
 from teachers.datasets import load_image_dataset
-from tests.test_metrics_clip import TEACHER, TINY_ARCH, one_thread, register_tiny_arch, tiny_state_dict  # noqa: F401
+from tests.test_metrics_clip import TEACHER, TINY_ARCH, register_tiny_arch, tiny_state_dict
 
 CPU = torch.device("cpu")
 PARITY_RTOL = 1e-5  # the same float32 features on both sides, averaged in another order

@@ -1,0 +1,183 @@
+"""`dd`: Distilled Decoding (Liu et al., arXiv:2412.17153, ICLR 2025): an AR image model distilled into 1-2 steps.
+
+Pipeline (shared/notes/dd_distilled_decoding.md):
+1. pairs (Alg. 1, `methods.dd_pairs`): the teacher with the per-token flow-matching map turns noise (eps_1..eps_n)
+   into tokens (q_1..q_n) deterministically;
+2. training (Alg. 2): a student initialised from the teacher (`methods.dd_student`) maps X_t = (q_<t, eps_>=t) to
+   all of (q_1..q_n) for t in {1, t2}; loss = ce_weight * cross-entropy(logits head) + MSE(embedding head, codebook
+   vector). The paper's LPIPS term is replaced by this MSE: our tokenizer's code vectors are pixel patches, so the
+   squared error in code space is exactly the squared pixel error of the decoded image (an L2 stand-in for LPIPS,
+   which needs VGG weights we do not have offline). AdamW (0.9, 0.95), EMA of the weights;
+3. sampling (Alg. 3): 1 step from pure noise, or 2 steps (the second re-inserts the ORIGINAL noise after the first
+   t2 - 1 predicted tokens); with `ts` > 0, "pre-trained-ts-t2" (Alg. 4): the teacher re-generates tokens ts..t2-1
+   of the first step's output by ordinary sampling before the second step.
+Pairs and students are cached by everything that determines them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel
+
+from bench.cache import Cache, config_key
+from bench.errors import UserError
+from bench.registry import METHODS
+from bench.samples import Samples
+from methods.base import Method
+from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout, teacher_key
+from methods.dd_student import DDStudent
+from teachers import discrete_ar
+from teachers.discrete_ar import draw
+
+STUDENT_VERSION = 1  # bump when training code changes what a config produces
+T2_FRACTION = 81 / 256  # the paper's LlamaGen intermediate timestep, as a fraction of the sequence
+
+
+@dataclass(frozen=True)
+class DDConfig(PairKnobs, discrete_ar.SamplingConfig):
+    # sampling
+    steps: int = 1  # DD steps: 1 (from pure noise) or 2 ({1, t2})
+    t2: int = 0  # intermediate timestep (1-based: t2 - 1 tokens known); 0 = round(81/256 * n), the paper's ratio
+    ts: int = 0  # > 0: pre-trained-ts-t2, the teacher re-generates tokens ts..t2-1 between the two steps (Alg. 4)
+    split: int = -1  # positions < split read the logits head, the rest the embedding head; -1 = logits everywhere
+    # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, seed
+    train_steps: int = 3000
+    batch: int = 128
+    lr: float = 1e-3
+    ce_weight: float = 0.1  # the paper's 0.1 CE against 1.0 for the embedding term
+    ema: float = 0.999
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.steps not in (1, 2):
+            raise ValueError(f"steps must be 1 or 2, got {self.steps}")
+        if self.ts and (self.steps != 2 or self.ts < 1):
+            raise ValueError(f"ts > 0 (pre-trained-ts-t2) needs steps=2 and ts >= 1, got steps={self.steps}, "
+                             f"ts={self.ts}")
+        if self.t2 < 0 or self.ts < 0 or self.split < -1:
+            raise ValueError(f"t2 and ts must be >= 0 and split >= -1, got {self.t2}, {self.ts}, {self.split}")
+        for name in ("train_steps", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.lr > 0 and self.ce_weight >= 0 and 0 <= self.ema < 1):
+            raise ValueError(f"need lr > 0, ce_weight >= 0, 0 <= ema < 1; got {self.lr}, {self.ce_weight}, {self.ema}")
+
+    @property
+    def sampling(self) -> discrete_ar.SamplingConfig:
+        return discrete_ar.SamplingConfig(self.top_k, self.temperature, self.cfg)
+
+
+TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "seed")  # with the pairs: the student
+
+
+def _ema_with_warmup(decay: float):
+    """EMA update whose decay ramps up as (1 + k) / (10 + k) to `decay`: a short training run is otherwise averaged
+    mostly into its initial weights (0.999 ** 150 = 0.86)."""
+    def avg(averaged: torch.Tensor, current: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        d = min(decay, (1 + int(k)) / (10 + int(k)))
+        return d * averaged + (1 - d) * current
+
+    return avg
+
+
+@METHODS.register("dd")
+class DD(Method):
+    """Distilled Decoding: a flow-matching-distilled student samples all tokens in 1-2 steps (arXiv:2412.17153)."""
+
+    families = (discrete_ar.FAMILY,)
+    Config = DDConfig
+    key_knobs = ("steps", "t2", "ts")
+    needs_network: ClassVar[bool] = True  # initialises its student from the teacher's transformer
+
+    def __init__(self, teacher, config: DDConfig):
+        super().__init__(teacher, config)
+        n = teacher.seq_len
+        self.t2 = config.t2 or max(2, round(T2_FRACTION * n))
+        if not 2 <= self.t2 <= n:
+            raise UserError(f"dd: t2 must be in [2, {n}] for a teacher of {n} tokens, got {self.t2}")
+        if config.ts and not config.ts < self.t2:
+            raise UserError(f"dd: ts must be < t2 = {self.t2}, got {config.ts}")
+        self.split = n if config.split == -1 else config.split
+        self.student: DDStudent | None = None
+
+    def fit(self, *, cache: Cache) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache)
+        pair_seconds = time.perf_counter() - t0
+        knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
+        teacher = teacher_key(self.teacher)
+        if teacher is None:  # a teacher without a recipe key (a test fake): nothing to key a cache entry by
+            blob, cached = self._train(pairs), False
+        else:
+            key = config_key(teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
+                             STUDENT_VERSION)
+            blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(pairs))
+        self.student = DDStudent(self.teacher.model, self.teacher.codebook)
+        self.student.load_state_dict(blob["state_dict"])
+        self.student.eval().requires_grad_(False)
+        return {**{f"pairs_{k}": float(v) for k, v in pairs.info.items()}, "pairs_load_seconds": pair_seconds,
+                **{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
+
+    def _train(self, pairs: Pairs) -> dict:
+        cfg, t0 = self.config, time.perf_counter()
+        g = torch.Generator().manual_seed(cfg.seed)
+        with torch.random.fork_rng(devices=[]):  # dropout and new-module init draw from the global RNG
+            torch.manual_seed(cfg.seed)
+            student = DDStudent(self.teacher.model, self.teacher.codebook.cpu()).cpu()
+            ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
+            opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+            warmup = max(1, cfg.train_steps // 20)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
+                1 + math.cos(math.pi * min(s, cfg.train_steps) / cfg.train_steps)))
+            timesteps = torch.tensor([1, self.t2])  # the trained set {t_1 = 1, t2} (paper: L = 2)
+            tokens, noise, cond = pairs.tokens.long(), pairs.noise.float(), pairs.cond
+            for _ in range(cfg.train_steps):
+                idx = torch.randint(len(tokens), (cfg.batch,), generator=g)
+                known = timesteps[torch.randint(len(timesteps), (cfg.batch,), generator=g)] - 1  # (B,) = t - 1
+                x, is_data = student.inputs(tokens[idx], noise[idx], known)
+                logits, emb = student(cond[idx], x, is_data)
+                target = ~is_data  # the copied prefix carries no loss (Eq. 6 makes it exact)
+                ce = F.cross_entropy(logits[target], tokens[idx][target])
+                mse = F.mse_loss(emb[target], student.codebook[tokens[idx][target]])
+                loss = cfg.ce_weight * ce + mse
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                ema.update_parameters(student)
+        info = {"train_seconds": time.perf_counter() - t0, "train_ce": ce.item(), "train_mse": mse.item(),
+                "n_params": sum(p.numel() for p in student.parameters())}
+        return {"state_dict": ema.module.state_dict(), "info": info}
+
+    @torch.inference_mode()
+    def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
+        if self.student is None:
+            raise RuntimeError("dd: call fit() before sample()")
+        cfg, student = self.config, self.student
+        B, n, C = len(cond), self.teacher.seq_len, student.codebook.shape[1]
+        noise = torch.randn(B, n, C, generator=generator, device=cond.device)  # X_1, kept for every step
+        tokens = torch.zeros(B, n, dtype=torch.long, device=cond.device)
+        passes = 0
+        if cfg.ts != 1:  # Alg. 4 with ts = 1 starts with the teacher: no first DD step
+            tokens, passes = student.predict(cond, tokens, noise, 0, self.split), 1
+        if cfg.ts:
+            passes += self._teacher_segment(cond, tokens, generator)
+        if cfg.steps == 2:
+            tokens, passes = student.predict(cond, tokens, noise, self.t2 - 1, self.split), passes + 1
+        return Samples(tokens, cond, Counter(nfe=B * passes, tokens=B * n))
+
+    def _teacher_segment(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
+        """Tokens ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes."""
+        ts, t2 = self.config.ts, self.t2
+        tokens[:, ts - 1 : t2 - 1] = rollout(self.teacher, cond, self.config.sampling, t2 - ts,
+                                             lambda i, probs: draw(probs, generator), prefix=tokens[:, : ts - 1])
+        return (t2 - ts) + (ts > 1)  # one pass per token, one more to read a non-empty prefix

@@ -1,0 +1,141 @@
+"""The (noise, data) pair dataset of Distilled Decoding (Liu et al., arXiv:2412.17153, Algorithm 1).
+
+The teacher runs token by token with its KV cache; each token is q_i = FM(eps_i, p(. | q_<i)) (`token_flow.flow_map`)
+instead of a random draw, so a sequence is a deterministic function of its noise (n, C) and its condition. The DD
+student learns this map; the onestep* and skip-n baselines read the teacher-sample marginals off the same tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import typing
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from bench.cache import Cache, config_key
+from methods.token_flow import FlowConfig, Solver, flow_map
+from teachers.discrete_ar import SamplingConfig, process
+
+VERSION = 1  # bump when a change alters the pairs a PairConfig produces
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    n_pairs: int = 20_000
+    flow: FlowConfig = FlowConfig()
+    batch: int = 256  # sequences per teacher pass while generating
+    seed: int = 0  # draws the conditions and the noise
+
+    def __post_init__(self):
+        if self.n_pairs < 1:
+            raise ValueError(f"n_pairs must be >= 1, got {self.n_pairs}")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+
+
+@dataclass(frozen=True)
+class PairKnobs:
+    """The pair dataset as flat method knobs (the runner and Optuna set scalars), defaulting to PairConfig()'s."""
+
+    n_pairs: int = PairConfig.n_pairs
+    solver: Solver = FlowConfig.solver
+    solver_steps: int = FlowConfig.steps
+    seed: int = PairConfig.seed  # of the pairs' conditions and noise
+
+    def __post_init__(self):
+        # Cooperative: a method config lists PairKnobs before SamplingConfig, whose checks run here too.
+        getattr(super(), "__post_init__", lambda: None)()
+        if self.n_pairs < 1 or self.solver_steps < 1:
+            raise ValueError(f"n_pairs and solver_steps must be >= 1, got {self.n_pairs}, {self.solver_steps}")
+        if self.solver not in typing.get_args(Solver):
+            raise ValueError(f"solver must be one of {', '.join(typing.get_args(Solver))}, got {self.solver!r}")
+
+    @property
+    def pairs(self) -> PairConfig:
+        return PairConfig(n_pairs=self.n_pairs, flow=FlowConfig(solver=self.solver, steps=self.solver_steps),
+                          seed=self.seed)
+
+
+@dataclass
+class Pairs:
+    noise: torch.Tensor  # (N, n, C) float32: X_1 = (eps_1 .. eps_n)
+    tokens: torch.Tensor  # (N, n) long: X_{n+1}, the teacher's tokens for that noise
+    cond: torch.Tensor  # (N, P) long
+    info: dict = field(default_factory=dict)  # seconds, n_pairs, cached
+
+
+@torch.inference_mode()
+def rollout(teacher, cond: torch.Tensor, sampling: SamplingConfig, n_tokens: int,
+            pick: Callable[[int, torch.Tensor], torch.Tensor], prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """The teacher's next n_tokens (>= 1) for cond (B, P) after `prefix` (B, k) (none: from the start): one forward
+    pass per token, KV-cached, plus one for a non-empty prefix -> (B, n_tokens).
+
+    pick(i, probs (B, V)) -> (B,) chooses token i from its processed distribution (CFG, temperature, top-k). With
+    `draw` it is the teacher's own sampler (`discrete_ar.sample_ar`), consuming the generator in the same order.
+    """
+    state, logits = teacher.start(cond, cfg=sampling.cfg)
+    if prefix is not None and prefix.shape[1]:
+        logits = teacher.extend(state, prefix)[:, -1]
+    tokens = torch.empty(cond.shape[0], n_tokens, dtype=torch.long, device=cond.device)
+    for i in range(n_tokens):
+        if i:
+            logits = teacher.extend(state, tokens[:, i - 1 : i])[:, -1]
+        tokens[:, i] = pick(i, process(logits, sampling))
+    return tokens
+
+
+def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: SamplingConfig,
+              flow: FlowConfig) -> torch.Tensor:
+    """Eq. 5 to the end: noise (B, n, C) and cond (B, P) -> the teacher's tokens (B, n), deterministically.
+
+    `flow_map` is row-wise; the teacher's forward pass could round differently in another batch composition (on CPU,
+    the digits teacher gave identical tokens for batches of 1, 7, 64 and 256).
+    """
+    codebook = teacher.codebook
+    return rollout(teacher, cond, sampling, teacher.seq_len,
+                   lambda i, probs: flow_map(noise[:, i], probs, codebook, flow))
+
+
+def teacher_key(teacher) -> str | None:
+    """The registered teachers' recipe key; None for a teacher without one (test fakes), whose pairs are not cached."""
+    key = getattr(type(teacher), "key", None)
+    return key() if key is not None else None
+
+
+def generate_pairs(teacher, sampling: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:
+    """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg.
+
+    Only the `SamplingConfig` fields of `sampling` enter the key, so methods with different knobs share the pairs.
+    """
+    s = SamplingConfig(sampling.top_k, sampling.temperature, sampling.cfg)
+    key = teacher_key(teacher)
+    if key is None:
+        return _as_pairs(_generate(teacher, s, cfg), cached=False)
+    blob, cached = cache.get_or_build(
+        "dd-pairs", config_key(key, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION),
+        lambda: _generate(teacher, s, cfg))
+    return _as_pairs(blob, cached)
+
+
+def _generate(teacher, s: SamplingConfig, cfg: PairConfig) -> dict:
+    t0 = time.perf_counter()
+    g = torch.Generator().manual_seed(cfg.seed)
+    device = teacher.codebook.device
+    C = teacher.codebook.shape[1]
+    noise, tokens, conds = [], [], []
+    for start in range(0, cfg.n_pairs, cfg.batch):
+        b = min(cfg.batch, cfg.n_pairs - start)
+        cond = teacher.conditions(b, g).to(device)
+        eps = torch.randn(b, teacher.seq_len, C, generator=g).to(device)  # (b, n, C)
+        noise.append(eps.cpu())
+        tokens.append(map_noise(teacher, eps, cond, s, cfg.flow).cpu())
+        conds.append(cond.cpu())
+    dtype = torch.int16 if teacher.vocab_size <= torch.iinfo(torch.int16).max else torch.int32
+    return {"noise": torch.cat(noise), "tokens": torch.cat(tokens).to(dtype), "cond": torch.cat(conds),
+            "info": {"seconds": time.perf_counter() - t0, "n_pairs": cfg.n_pairs}}
+
+
+def _as_pairs(blob: dict, cached: bool) -> Pairs:
+    return Pairs(blob["noise"], blob["tokens"].long(), blob["cond"], {**blob["info"], "cached": cached})

@@ -1,0 +1,72 @@
+"""The Distilled Decoding student (Liu et al., arXiv:2412.17153, Sec. 3.3 and App. B), initialised from the teacher.
+
+It reads X_t = (q_1 .. q_{t-1}, eps_t .. eps_n): data tokens as their codebook vectors, the rest as the flow-matching
+noise, both in R^C, and predicts every final token at once. As in the released LlamaGen-DD code:
+- the teacher's token embedding `Embedding(V, d)` becomes `Linear(C -> d)` on continuous vectors (initialised by least
+  squares so that codebook vectors land on the teacher's token embeddings), plus two learnt embeddings telling data
+  from noise positions (t is conveyed by them only, no timestep embedding);
+- position i sees the condition, positions < i and itself (causal, self included): q_i depends on q_<i and eps_i only,
+  so the output at the position of x_i predicts q_i, and the sequence needs no extra slot;
+- two heads: the teacher's logits head (cross-entropy against the token) and a new embedding head (regression onto the
+  codebook vector; the paper's LPIPS term, see `methods.dd`).
+Everything else (condition and position embeddings, blocks, final norm) is a copy of the teacher's transformer.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from teachers.gpt import GPT
+
+
+class DDStudent(nn.Module):
+    def __init__(self, teacher_model: GPT, codebook: torch.Tensor):
+        super().__init__()
+        gpt = copy.deepcopy(teacher_model).train()
+        self.cond_len, self.seq_len = gpt.cfg.cond_len, gpt.cfg.seq_len
+        d, C = gpt.cfg.n_embd, codebook.shape[1]
+        self.cond_emb, self.pos_emb, self.drop = gpt.cond_emb, gpt.pos_emb, gpt.drop
+        self.blocks, self.ln_f, self.head = gpt.blocks, gpt.ln_f, gpt.head
+        self.inp = nn.Linear(C, d)
+        with torch.no_grad():  # [codebook, 1] @ [W; b] ~= the teacher's token embeddings, in the least-squares sense
+            design = torch.cat([codebook, torch.ones(len(codebook), 1, device=codebook.device)], 1)  # (V, C+1)
+            sol = torch.linalg.lstsq(design.double(), gpt.tok_emb.weight.double()).solution  # (C+1, d)
+            self.inp.weight.copy_(sol[:C].T)
+            self.inp.bias.copy_(sol[C])
+        self.kind_emb = nn.Embedding(2, d)  # 0: noise position, 1: data position
+        nn.init.normal_(self.kind_emb.weight, std=0.02)
+        self.emb_head = nn.Linear(d, C)
+        self.register_buffer("codebook", codebook.clone())
+
+    def forward(self, cond: torch.Tensor, x: torch.Tensor, is_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cond (B, P) ids, x (B, n, C) vectors, is_data (B, n) bool -> logits (B, n, V), embeddings (B, n, C)."""
+        P, n = cond.shape[1], x.shape[1]
+        h = torch.cat([self.cond_emb(cond), self.inp(x) + self.kind_emb(is_data.long())], dim=1)  # (B, P+n, d)
+        h = self.drop(h + self.pos_emb.weight[: P + n])
+        for block in self.blocks:  # no cache: causal attention over the whole sequence
+            h = block(h)
+        h = self.ln_f(h[:, P:])  # (B, n, d): the output at x_i's own position predicts q_i
+        return self.head(h), self.emb_head(h)
+
+    def inputs(self, tokens: torch.Tensor, noise: torch.Tensor, known: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """X_t with t - 1 = `known` (B,): x (B, n, C) = codebook vectors of `tokens` (B, n) before `known`, noise
+        (B, n, C) from there on; and is_data (B, n)."""
+        is_data = torch.arange(tokens.shape[1], device=tokens.device) < known[:, None]  # (B, n)
+        return torch.where(is_data[..., None], self.codebook[tokens], noise), is_data
+
+    def predict(self, cond: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor, known: int,
+                split: int) -> torch.Tensor:
+        """F_theta(X_t, t) as token ids (B, n), t - 1 = `known`: the data prefix copied, the rest predicted (Eq. 6).
+
+        Positions < `split` take the argmax of the logits head, the others the codebook vector nearest to the
+        embedding head's output (the paper's split point; the released code feeds the raw embedding to the VQ decoder,
+        our family's outputs are token ids). `tokens` beyond the prefix are ignored.
+        """
+        B, n = tokens.shape
+        x, is_data = self.inputs(tokens, noise, torch.full((B,), known, device=tokens.device))
+        logits, emb = self(cond, x, is_data)
+        by_emb = torch.cdist(emb, self.codebook.expand(B, -1, -1)).argmin(-1)  # (B, n)
+        pos = torch.arange(n, device=tokens.device)
+        return torch.where(is_data, tokens, torch.where(pos < split, logits.argmax(-1), by_emb))

@@ -1,0 +1,86 @@
+"""`onestep*`: the optimal one-step sampler under a per-token loss (Distilled Decoding, arXiv:2412.17153, Prop. 3.1).
+
+A network that emits every token at once, trained with per-token cross-entropy on teacher samples, is at best the
+per-position marginal of those samples (Prop. 3.1). This baseline is that optimum, with no network: each position is
+drawn independently from its empirical marginal, per condition (class, or caption row). The samples are the tokens
+of the DD pair dataset (`methods.dd_pairs`, Algorithm 1), so the marginals are the teacher's under the same sampling
+settings as the reference arm. A condition absent from the pairs falls back to the marginal over all conditions.
+
+Steps: one parallel step per sample (nfe = 1, as the paper's "#Step 1"), though it runs no network at all; the
+runner's step speed-up is then the teacher's N forward passes over 1.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from bench.cache import Cache
+from bench.registry import METHODS
+from bench.samples import Samples
+from methods.base import Method
+from methods.dd_pairs import PairKnobs, generate_pairs
+from teachers import discrete_ar
+from teachers.discrete_ar import draw
+
+
+@dataclass(frozen=True)
+class OneStepConfig(PairKnobs, discrete_ar.SamplingConfig):
+    """The teacher's sampling settings (shared with the reference arm) and the pair dataset the marginals come from."""
+
+
+@dataclass
+class Marginals:
+    """Per-condition, per-position token frequencies of teacher samples."""
+
+    conds: torch.Tensor  # (U, P) the distinct condition rows
+    probs: torch.Tensor  # (U + 1, n, V); row U pools every condition
+
+    @classmethod
+    def count(cls, tokens: torch.Tensor, cond: torch.Tensor, vocab: int) -> "Marginals":
+        """tokens (M, n), cond (M, P) -> frequencies."""
+        conds, group = torch.unique(cond, dim=0, return_inverse=True)  # (U, P), (M,)
+        M, n = tokens.shape
+        counts = torch.zeros(len(conds) + 1, n, vocab, dtype=torch.float64)
+        counts.index_put_((group[:, None].expand(M, n), torch.arange(n).expand(M, n), tokens),
+                          torch.ones(M, n, dtype=torch.float64), accumulate=True)
+        counts[-1] = counts[:-1].sum(0)
+        return cls(conds, counts / counts.sum(-1, keepdim=True))
+
+    def of(self, cond: torch.Tensor) -> torch.Tensor:
+        """The marginals (B, n, V) for cond (B, P)."""
+        match = (cond[:, None].cpu() == self.conds[None]).all(-1)  # (B, U)
+        row = torch.where(match.any(-1), match.int().argmax(-1), len(self.conds))
+        return self.probs[row].to(cond.device)
+
+
+class FromPairs(Method):
+    """A method whose `fit` reads the teacher-sample marginals off the DD pair dataset."""
+
+    marginals: Marginals | None = None
+
+    def fit(self, *, cache: Cache) -> dict[str, float]:
+        t = self.teacher
+        pairs = generate_pairs(t, self.config, self.config.pairs, cache=cache)
+        self.marginals = Marginals.count(pairs.tokens, pairs.cond, t.vocab_size)
+        return {f"pairs_{k}": float(v) for k, v in pairs.info.items()}
+
+    def fitted(self) -> Marginals:
+        if self.marginals is None:
+            raise RuntimeError(f"{type(self).__name__}: call fit() before sample()")
+        return self.marginals
+
+
+@METHODS.register("onestep*")
+class OneStep(FromPairs):
+    """Every token at once, independently, from its per-condition teacher-sample marginal (Prop. 3.1's optimum)."""
+
+    families = (discrete_ar.FAMILY,)
+    Config = OneStepConfig
+    key_knobs = ("n_pairs",)
+
+    def sample(self, cond, *, generator):
+        tokens = draw(self.fitted().of(cond), generator)  # (B, n)
+        B, n = tokens.shape
+        return Samples(tokens, cond, Counter(nfe=B, tokens=B * n))
