@@ -113,8 +113,10 @@ def _evaluate(clip: OpenCLIP, dataset: str, image_size: int) -> dict:
     """Retrieval accuracy on the test split: image -> class (zero-shot) and caption -> image (top-1 image's class)."""
     test = load_image_dataset(dataset, "test", image_size)
     image = clip.image_features(test.images)  # (N, D)
-    classes = open_clip.build_zero_shot_classifier(clip.model, clip.tokenizer, test.class_names, test.templates,
-                                                   num_classes_per_batch=None, device=clip.device)  # (D, K)
+    # Templates as callables of the class index: the dataset's own captions ("an ankle boot"), not str.format.
+    templates = [lambda k, t=t: test.caption(k, t) for t in range(len(test.templates))]
+    classes = open_clip.build_zero_shot_classifier(clip.model, clip.tokenizer, range(len(test.class_names)),
+                                                   templates, num_classes_per_batch=None, device=clip.device)  # (D, K)
     captions = [test.caption(c, t) for c in range(len(test.class_names)) for t in range(len(test.templates))]
     caption_class = torch.arange(len(test.class_names)).repeat_interleave(len(test.templates))
     nearest = (clip.text_features(captions) @ image.T).argmax(-1)  # (K * T,) the test image closest to each caption

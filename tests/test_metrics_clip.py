@@ -14,6 +14,7 @@ from metrics import clip_models
 from metrics.clip_models import CLIPRecipe, eval_transform, load_small_clip
 from metrics.clip_score import CHECKPOINT_ENV, CLIPScore
 from teachers.datasets import caption_table, load_image_dataset
+from tests.test_datasets import needs_real
 
 CPU = torch.device("cpu")
 # A registered open_clip architecture small enough to build in milliseconds; 32x32 input, so the 16x16 digits are
@@ -113,6 +114,14 @@ def test_small_clip_retrieves_digits(metric, digits_test):
     texts = [row[0] for row in caption_table("digits")]
     predicted = (clip.image_features(images) @ clip.text_features(texts).T).argmax(-1)  # (N,)
     assert predicted.eq(cond[:, 0]).float().mean() >= 0.9
+
+
+@needs_real
+def test_small_clip_on_fashion_mnist_captions_with_articles(tmp_path):
+    """Fashion-MNIST's templates carry an article ("an ankle boot"); the zero-shot evaluation uses those captions."""
+    clip = load_small_clip("fashion-mnist", 28, cache=Cache(tmp_path), device=CPU)
+    assert clip.name == "fashion-mnist-clip"
+    assert clip.info["zero_shot_top1"] >= 0.6 and clip.info["text_to_image_top1"] >= 0.8, clip.info
 
 
 def test_second_load_reads_the_cache(cache, metric, digits_test, monkeypatch):
