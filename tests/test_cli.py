@@ -78,8 +78,8 @@ class OtherFamilyMethod(AR):
 
 @pytest.mark.parametrize("args, message", [
     (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i"),
-    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, jacobi"),
-    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: fid"),
+    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, dd, jacobi"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, fid"),
     (["--teacher", "digits-ar-t2i", "--method", "other"], "accepts: masked-diffusion-lm"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "windw=4"], "unknown knob 'windw'; valid:"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=big"], "'window' must be an integer"),
@@ -129,6 +129,7 @@ def test_a_run_that_dies_is_not_left_running(exc, status, tiny_recipe, store, ca
 def test_list_shows_every_entry_with_families(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("digits-ar-c2i", "digits-ar-t2i", "ar", "jacobi", "sjd", "fid"):
+    for name in ("digits-ar-c2i", "digits-ar-t2i", "fashion-ar-c2i", "ar", "jacobi", "sjd", "dd", "onestep*",
+                 "skip-n", "fid", "clip", "hpsv2"):
         assert name in out
     assert "families: discrete-ar" in out

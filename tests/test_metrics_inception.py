@@ -42,7 +42,7 @@ def test_preprocessing_follows_the_tf_fid_protocol(probe_weights):
     low, high = -1.0, 127 / 128  # (x - 128) / 128 for 8-bit x
     torch.testing.assert_close(stats[0], torch.tensor([low, low, low, 3.0, 299.0]))
     torch.testing.assert_close(stats[1], torch.tensor([high, high, high, 3.0, 299.0]))
-    assert stats[2, 0] == pytest.approx((128 - 128) / 128)  # 0.5 quantises to 128 (round half to even: 127.5 -> 128)
+    assert stats[2, 0] == pytest.approx(0.0, abs=1e-6)  # 0.5 quantises to 128 (round half to even: 127.5 -> 128)
     assert model.name == "inception-v3" and model.num_classes is None and len(model.fingerprint) == 20
 
 

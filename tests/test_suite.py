@@ -48,3 +48,20 @@ def test_a_bad_trial_stops_the_suite_before_any_work(tmp_path, cache_dir, capsys
     assert run(tmp_path, tmp_path / "cache", write(tmp_path, bad)) == 2
     assert "trial 2: method 'sjd': unknown knob 'w'" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_every_shipped_suite_and_study_spec_validates():
+    """The suites and sweep specs in the repository name real teachers, methods, knobs and metrics."""
+    from pathlib import Path
+
+    from bench.suite import load_suite
+    from sweeps.spec import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    suites = sorted((root / "suites").glob("*.yaml"))
+    specs = sorted((root / "sweeps" / "specs").glob("*.yaml"))
+    assert {p.stem for p in suites} >= {"default", "dd"} and {p.stem for p in specs} >= {"sjd-window", "dd-timesteps"}
+    for path in suites:
+        assert load_suite(str(path)).trials, path
+    for path in specs:
+        assert load_spec(str(path)).objectives, path
