@@ -58,6 +58,23 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert trained.data.params["steps"] == "30" and "test_nll_per_token" in trained.data.metrics
 
 
+def test_every_image_metric_is_logged_under_its_extractor(tiny_recipe, store, cache_dir, capsys, monkeypatch):
+    monkeypatch.delenv("ACCELBENCH_HPSV2_CHECKPOINT", raising=False)
+    metrics = ("fid", "kid", "is", "precision", "recall", "clip", "hpsv2")
+    assert run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "jacobi", "--param", "window=4",
+                   "--n-samples", "8", *(a for m in metrics for a in ("--metric", m))) == 0
+    assert "not computed: hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT" in capsys.readouterr().err
+    (run,) = [r for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "trial"]
+    m, tags = run.data.metrics, run.data.tags
+    for key in ("fid.digits-cnn", "kid.digits-cnn", "is.digits-cnn", "precision.digits-cnn", "recall.digits-cnn",
+                "clip.digits-clip"):
+        lower_is_better = key.startswith(("fid", "kid"))
+        assert key in m and f"ref/{key}" in m, key
+        assert tags[f"higher_is_better.{key}"] == ("false" if lower_is_better else "true"), key
+    assert not any(k.split("/")[-1].startswith("hpsv2") for k in m)  # a tag, never a number
+    assert tags["unavailable.hpsv2"].startswith("hpsv2: no checkpoint")
+
+
 def test_trial_yaml_file_gives_the_same_trial_key(tiny_recipe, store, cache_dir, tmp_path):
     spec = {"teacher": "digits-ar-t2i", "method": "jacobi", "params": {"window": 3, "greedy": True},
             "n_samples": 2, "seed": 1}
