@@ -150,3 +150,30 @@ def test_list_shows_every_entry_with_families(capsys):
                  "skip-n", "fid", "clip", "hpsv2"):
         assert name in out
     assert "families: discrete-ar" in out
+
+
+def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe, store, cache_dir, monkeypatch):
+    import torch
+
+    seen = {"fit": [], "sample": []}
+    sjd = METHODS.get("sjd")
+    sample = sjd.sample
+
+    def fit(self, *, cache):
+        seen["fit"].append(torch.get_num_threads())
+        return {}
+
+    def recording_sample(self, cond, *, generator):
+        seen["sample"].append(torch.get_num_threads())
+        return sample(self, cond, generator=generator)
+
+    monkeypatch.setattr(sjd, "fit", fit)
+    monkeypatch.setattr(sjd, "sample", recording_sample)
+    torch.set_num_threads(2)  # the session fixture restores its own setting afterwards
+    try:
+        assert run_cli(store, cache_dir, "--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "2",
+                       "--threads", "1") == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert seen["fit"] == [2] and set(seen["sample"]) == {1}
