@@ -27,14 +27,13 @@ REFERENCE_VERSION = 1  # bump when the way reference features are computed chang
 class ImageExtractor(Protocol):
     name: str  # appears in every metric key, e.g. "fid.digits-cnn"
     num_features: int
-    num_classes: int | None  # None: no logits (no inception score)
+    num_classes: int | None  # None: no `logits` method (no inception score; `check_choice` refuses it)
     batch: int  # images per forward pass
     max_reference: int | None  # cap on reference images (None: the whole split)
     preprocessing: str  # how [0, 1] images are turned into the network's input; part of the reference key
     fingerprint: str  # identity of the weights; part of the reference key
 
     def features(self, images: torch.Tensor) -> torch.Tensor: ...
-    def logits(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
 def check_choice(metric: str, choice: str | None, *, logits: bool) -> None:
@@ -69,16 +68,21 @@ def embed(extractor: ImageExtractor, images: torch.Tensor, *, device: torch.devi
 
 def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
                        device: torch.device) -> torch.Tensor:
-    """Features (n, D) of the real reference split: from the cache, or computed and cached on first use."""
-    data = load_image_dataset(teacher.dataset_name, REFERENCE_SPLIT, teacher.image_size)
-    n = min(len(data.images), extractor.max_reference or len(data.images))
+    """Features (n, D) of the real reference split: from the cache, or computed and cached on first use.
+
+    The key holds the cap on the image count, not the count itself, so a cache hit never loads the split.
+    """
     recipe = {"dataset": teacher.dataset_name, "split": REFERENCE_SPLIT, "image_size": teacher.image_size,
               "extractor": extractor.name, "weights": extractor.fingerprint,
-              "preprocessing": extractor.preprocessing, "n": n}
-    # The first n of a fixed permutation: a capped reference is still a class-balanced sample of the split.
-    idx = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(0))[:n]
-    feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION),
-                                  lambda: embed(extractor, data.images[idx], device=device))
+              "preprocessing": extractor.preprocessing, "max_images": extractor.max_reference}
+
+    def build() -> torch.Tensor:
+        images = load_image_dataset(teacher.dataset_name, REFERENCE_SPLIT, teacher.image_size).images
+        # The first n of a fixed permutation: a capped reference is still a class-balanced sample of the split.
+        idx = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))[:extractor.max_reference]
+        return embed(extractor, images[idx], device=device)
+
+    feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION), build)
     return feats
 
 

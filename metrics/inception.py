@@ -75,9 +75,6 @@ class InceptionExtractor(nn.Module):
         x = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", align_corners=False)
         return self.net(x * (HIGH - LOW) + LOW)  # (B, 2048)
 
-    def logits(self, images: torch.Tensor) -> torch.Tensor:
-        raise UserError(f"{self.name} has no classification head (the FID TorchScript ends at pool3)")
-
 
 def load_inception(device: torch.device) -> InceptionExtractor:
     return InceptionExtractor(weights_path()).to(device)

@@ -70,9 +70,10 @@ def test_reference_features_are_cached_by_extractor_and_split(tmp_path, classifi
     direct = classifier.features(images["test"])
     assert torch.allclose(first.sum(0), direct.sum(0), rtol=1e-4) and len(list(tmp_path.glob("reference/*.pt"))) == 1
     monkeypatch.setattr(features, "embed", lambda *a, **k: pytest.fail("recomputed although cached"))
+    monkeypatch.setattr(features, "load_image_dataset", lambda *a: pytest.fail("split loaded although cached"))
     assert torch.equal(features.reference_features(classifier, TEACHER, cache=cache, device=CPU), first)
-    monkeypatch.setattr(classifier, "max_reference", 100)  # another n is another entry
-    with pytest.raises(pytest.fail.Exception, match="recomputed"):
+    monkeypatch.setattr(classifier, "max_reference", 100)  # another cap is another entry
+    with pytest.raises(pytest.fail.Exception, match="split loaded"):
         features.reference_features(classifier, TEACHER, cache=cache, device=CPU)
 
 
