@@ -83,7 +83,7 @@ def plan(trial: Trial) -> Plan:
     if teacher_cls.family not in method_cls.families:
         raise UserError(f"method {trial.method!r} does not accept teacher {trial.teacher!r} (family "
                         f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
-    config = build_config(method_cls.Config, trial.params, owner=f"method {trial.method!r}")
+    config = build_config(method_cls.config_class(teacher_cls.family), trial.params, owner=f"method {trial.method!r}")
     if method_cls.batch_size_one and trial.batch_size != 1:
         raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
                         f"got {trial.batch_size}")
@@ -92,8 +92,9 @@ def plan(trial: Trial) -> Plan:
     except RuntimeError:
         raise UserError(f"trial: unknown device {trial.device!r}; use auto, cpu, cuda or cuda:N") from None
     ref_cls = METHODS.get(teacher_cls.reference_method)
-    shared = {f.name for f in dataclasses.fields(ref_cls.Config)}
-    ref_config = ref_cls.Config(**{k: v for k, v in config_dict(config).items() if k in shared})
+    ref_config_cls = ref_cls.config_class(teacher_cls.family)
+    shared = {f.name for f in dataclasses.fields(ref_config_cls)}
+    ref_config = ref_config_cls(**{k: v for k, v in config_dict(config).items() if k in shared})
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
     return Plan(resolved, teacher_cls, method_cls, config, teacher_cls.reference_method, ref_config,
                 metrics, device)
@@ -142,6 +143,8 @@ def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     m["step_compression"] = sum(r.compression) / len(r.compression)
     if r.counters["drafts_verified"]:
         m["acceptance_rate"] = r.counters["drafts_accepted"] / r.counters["drafts_verified"]
+    # every other counter a method keeps (draft passes, resampling tries, ...), per sample
+    m.update({f"{k}_per_sample": v / n for k, v in r.counters.items() if k not in ("nfe", "tokens")})
     return m
 
 

@@ -19,6 +19,11 @@ class Method:
     # sequence); the runner refuses a larger batch rather than compare a sequential loop with a batched baseline.
     batch_size_one: ClassVar[bool] = False
 
+    @classmethod
+    def config_class(cls, family: str) -> type:
+        """The config dataclass for a teacher of `family`: `Config`, unless a method spans families."""
+        return cls.Config
+
     def __init__(self, teacher: Any, config: Any):
         self.teacher, self.config = teacher, config
 

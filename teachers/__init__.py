@@ -3,6 +3,7 @@ import dataclasses
 
 from bench.registry import TEACHERS
 from teachers.image_ar import ImageARRecipe, ImageARTeacher
+from teachers.image_mar import ImageMARRecipe, ImageMARTeacher
 
 
 @TEACHERS.register("digits-ar-c2i")
@@ -36,3 +37,10 @@ class FashionARText(ImageARTeacher):
     """Text-conditional AR transformer (open_clip BPE caption prefix) over 49 patch tokens of Fashion-MNIST (28x28)."""
 
     recipe = dataclasses.replace(FashionARClass.recipe, conditioning="text")
+
+
+@TEACHERS.register("digits-mar-c2i")
+class DigitsMARClass(ImageMARTeacher):
+    """Class-conditional MAR-style target + draft over 64 continuous 2x2-patch tokens of digits (16x16)."""
+
+    recipe = ImageMARRecipe(dataset="digits")

@@ -1,8 +1,10 @@
-"""A LlamaGen-style raster-order causal transformer over discrete image tokens, with a truncatable KV cache.
+"""A LlamaGen-style raster-order causal transformer over image tokens, with a truncatable KV cache.
 
-Used by the discrete-token AR teacher family (SJD, arXiv:2410.01699, and Distilled Decoding, arXiv:2412.17153).
+Used by the discrete-token AR teacher family (SJD, arXiv:2410.01699, and Distilled Decoding, arXiv:2412.17153) and,
+with continuous tokens in and hidden states out, by the MAR-style continuous-token family (CSpD, arXiv:2411.11925).
 The sequence is `[c_1 .. c_P, x_1 .. x_N]`: P condition tokens (class id or caption tokens, all NULL for the
-unconditional branch of CFG) followed by N image tokens in raster order. The output at position P-1+i predicts x_{i+1}.
+unconditional branch of CFG) followed by N image tokens in raster order. The output at position P-1+i predicts x_{i+1}
+(as logits over the codes, or as the vector z a diffusion head turns into the token).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class GPTConfig:
-    vocab_size: int  # image codes
+    vocab_size: int  # image codes; 0 = continuous tokens (`token_dim`) and hidden states (B, L, n_embd) out
     cond_vocab: int  # condition token ids, NULL included
     cond_len: int  # P
     seq_len: int  # N
@@ -24,14 +26,19 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0
+    token_dim: int = 0  # > 0: tokens are vectors in R^token_dim, read by a linear layer (needs vocab_size = 0)
 
     def __post_init__(self):
+        if (self.vocab_size > 0) == (self.token_dim > 0):
+            raise ValueError(f"exactly one of vocab_size ({self.vocab_size}) and token_dim ({self.token_dim}) "
+                             f"must be > 0")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
 
 
 class KVCache:
-    """Keys/values of every layer for a batch, preallocated to the full context; `truncate` rolls back."""
+    """Keys/values of every layer for a batch whose rows share one length, preallocated to the full context;
+    `truncate` rolls back."""
 
     def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
         hd = cfg.n_embd // cfg.n_head
@@ -40,10 +47,61 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0  # positions (condition + image) currently valid
 
+    def positions(self, L: int) -> torch.Tensor:
+        """Absolute positions of L new inputs: (L,)."""
+        return torch.arange(self.length, self.length + L, device=self.k.device)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new (B, H, L, hd) keys/values; return every valid one, (B, H, length + L, hd) each."""
+        start, L = self.length, k.shape[2]
+        self.k[layer, :, :, start : start + L] = k
+        self.v[layer, :, :, start : start + L] = v
+        return self.k[layer, :, :, : start + L], self.v[layer, :, :, : start + L]
+
+    def mask(self, L: int, causal: torch.Tensor) -> torch.Tensor | None:
+        # New input t sits at absolute position start+t and may see positions <= start+t; one input sees all.
+        return causal[self.length : self.length + L, : self.length + L] if L > 1 else None
+
+    def advance(self, L: int) -> None:
+        self.length += L
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
+
+
+class RaggedKVCache(KVCache):
+    """A KV cache whose rows have their own lengths (B,): speculative decoding commits a different number of tokens
+    per row. Attention reads the whole buffer; a row's stale slots sit beyond its positions and are masked."""
+
+    def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
+        super().__init__(cfg, batch, device, dtype)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+
+    def positions(self, L: int) -> torch.Tensor:
+        return self.length[:, None] + torch.arange(L, device=self.k.device)  # (B, L)
+
+    def update(self, layer, k, v):
+        B, H, L, hd = k.shape
+        idx = self.positions(L)[:, None, :, None].expand(B, H, L, hd)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+        return self.k[layer], self.v[layer]
+
+    def mask(self, L, causal):
+        slots = torch.arange(self.k.shape[3], device=self.k.device)
+        return (slots <= self.positions(L)[..., None])[:, None]  # (B, 1, L, S)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (finished sequences leave the batch)."""
+        self.k, self.v, self.length = self.k[:, rows], self.v[:, rows], self.length[rows]
+
+    def truncate(self, length: torch.Tensor) -> None:
+        length = torch.as_tensor(length, device=self.length.device).expand_as(self.length)
+        if not ((0 <= length) & (length <= self.length)).all():
+            raise ValueError(f"cannot truncate a cache of lengths {self.length.tolist()} to {length.tolist()}")
+        self.length = length.clone()
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,11 +119,7 @@ class CausalSelfAttention(nn.Module):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         else:
-            start = cache.length
-            cache.k[layer, :, :, start : start + L] = k
-            cache.v[layer, :, :, start : start + L] = v
-            k_all = cache.k[layer, :, :, : start + L]  # (B, H, start+L, hd)
-            v_all = cache.v[layer, :, :, : start + L]
+            k_all, v_all = cache.update(layer, k, v)  # (B, H, S, hd)
             y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
         y = y.transpose(1, 2).contiguous().view(B, L, C)
         return self.proj(y)
@@ -90,13 +144,13 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd) if cfg.vocab_size else nn.Linear(cfg.token_dim, cfg.n_embd)
         self.cond_emb = nn.Embedding(cfg.cond_vocab, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.cond_len + cfg.seq_len, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
-        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False) if cfg.vocab_size else nn.Identity()
         n_pos = cfg.cond_len + cfg.seq_len
         self.register_buffer("causal", torch.ones(n_pos, n_pos, dtype=torch.bool).tril(), persistent=False)
         self.apply(self._init_weights)
@@ -111,34 +165,32 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def _embed(self, x, start: int):
-        return self.drop(x + self.pos_emb.weight[start : start + x.shape[1]])
-
     def _run(self, x, cache=None):
-        mask = None
-        if cache is not None and x.shape[1] > 1:
-            # New token t sits at absolute position start+t and may see positions <= start+t.
-            L, start = x.shape[1], cache.length
-            mask = self.causal[start : start + L, : start + L]
+        L = x.shape[1]
+        positions = torch.arange(L, device=x.device) if cache is None else cache.positions(L)
+        x = self.drop(x + self.pos_emb(positions))
+        mask = None if cache is None else cache.mask(L, self.causal)
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache, mask)
         if cache is not None:
-            cache.length += x.shape[1]
+            cache.advance(L)
         return self.head(self.ln_f(x))
 
     def forward(self, cond, tokens):
-        """Teacher-forced logits for every image token: cond (B, P), tokens (B, N) -> (B, N, V)."""
-        x = self._embed(torch.cat([self.cond_emb(cond), self.tok_emb(tokens[:, :-1])], dim=1), 0)  # (B, P+N-1, C)
+        """Teacher-forced outputs for every image token: cond (B, P), tokens (B, N) or (B, N, D) -> (B, N, V)
+        logits, or (B, N, n_embd) hidden states for continuous tokens."""
+        x = torch.cat([self.cond_emb(cond), self.tok_emb(tokens[:, :-1])], dim=1)  # (B, P+N-1, C)
         return self._run(x)[:, self.cfg.cond_len - 1 :]
 
-    def new_cache(self, batch: int) -> KVCache:
+    def new_cache(self, batch: int, ragged: bool = False) -> KVCache:
         p = next(self.parameters())
-        return KVCache(self.cfg, batch, p.device, p.dtype)
+        return (RaggedKVCache if ragged else KVCache)(self.cfg, batch, p.device, p.dtype)
 
     def prefill(self, cond, cache: KVCache):
-        """Consume the condition; return the logits of the first image token, (B, V)."""
-        return self._run(self._embed(self.cond_emb(cond), 0), cache)[:, -1]
+        """Consume the condition; return the output for the first image token, (B, V) or (B, n_embd)."""
+        return self._run(self.cond_emb(cond), cache)[:, -1]
 
     def extend(self, tokens, cache: KVCache):
-        """Append image tokens (B, L) after the cached ones; logits (B, L, V), row t predicts the token after t."""
-        return self._run(self._embed(self.tok_emb(tokens), cache.length), cache)
+        """Append image tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
+        the token after t."""
+        return self._run(self.tok_emb(tokens), cache)

@@ -105,3 +105,115 @@ def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2):
     teacher = Tiny("tiny", model, vq, table, {})
     teacher.grid = grid  # the quantizer is square; the raster of this fake is not, to catch row/col mix-ups
     return teacher
+
+
+@dataclass
+class _ChainState:
+    tokens: torch.Tensor  # (B, N, D) what each row has read
+    length: torch.Tensor  # (B,)
+    cond: torch.Tensor  # (B,)
+    cfg: float
+
+
+class LinearGaussianModel:
+    """A continuous-token AR 'model' whose diffusion head is a linear-Gaussian chain (CSpD's analytic toy).
+
+    z of position i is (the condition's offset + rho * x_{i-1}) per dimension, per CFG branch; the head's K steps are
+    x_{k-1} = (1 - lam) x_k + lam * z + sigma_k * tau * eps_k with model-specific step stds sigma_k, so the token law
+    depends on the prefix (AR(1) correlation rho) and the draft's Sigma factor differs from the target's.
+    """
+
+    n_params = 0
+
+    def __init__(self, seq_len, dim, rho, offsets, uncond, lam, sigma_scale):
+        self.seq_len, self.dim, self.rho = seq_len, dim, rho
+        self.offsets, self.uncond, self.lam, self.sigma_scale = offsets, uncond, lam, sigma_scale
+        self.calls = 0  # forward passes ("transformer" calls), for counting checks
+
+    def _z(self, state, prev):  # prev (B, L, D) -> (B, L, branches, D)
+        c = self.offsets[state.cond][:, None, :] + self.rho * prev
+        u = self.uncond + self.rho * prev
+        return torch.stack([c, u], -2) if state.cfg != 1.0 else c[..., None, :]
+
+    def start(self, cond, *, cfg):
+        B = len(cond)
+        state = _ChainState(torch.zeros(B, self.seq_len, self.dim), torch.zeros(B, dtype=torch.long), cond[:, 0], cfg)
+        self.calls += 1
+        return state, self._z(state, torch.zeros(B, 1, self.dim))[:, 0]
+
+    def extend(self, state, tokens):
+        B, L, _ = tokens.shape
+        pos = state.length[:, None] + torch.arange(L)
+        state.tokens[torch.arange(B)[:, None], pos] = tokens
+        state.length = state.length + L
+        self.calls += 1
+        return self._z(state, tokens)
+
+    def rollback(self, state, lengths):
+        assert (lengths <= state.length).all() and (lengths >= 0).all()
+        state.length = lengths.clone()
+
+    def select(self, state, rows):
+        state.tokens, state.length, state.cond = state.tokens[rows], state.length[rows], state.cond[rows]
+
+    def sigmas(self, steps):
+        return self.sigma_scale * torch.linspace(1.0, 0.3, steps)
+
+    def denoise(self, z, x_T, eps, sampling):
+        from teachers.diffusion_head import HeadOutput
+
+        target = z[:, 1] + sampling.cfg * (z[:, 0] - z[:, 1]) if z.shape[1] == 2 else z[:, 0]
+        x, total, sig = x_T, torch.zeros(len(x_T)), self.sigmas(sampling.steps) * sampling.temperature
+        for i in range(sampling.steps):
+            mean, log_std = (1 - self.lam) * x + self.lam * target, sig[i].log().expand_as(x)
+            last = i == sampling.steps - 1
+            if not last:
+                total = total + log_std.sum(-1)
+            x = mean + sig[i] * eps[:, i] if (not last or sampling.final_noise) else mean
+        return HeadOutput(x, mean, log_std, total)
+
+
+class LinearGaussianAR:
+    """A continuous-AR teacher of two `LinearGaussianModel`s: target and a deliberately different draft."""
+
+    from teachers import continuous_ar as _family
+
+    family: ClassVar[str] = _family.FAMILY
+
+    def __init__(self, seq_len=3, dim=1, grid=(1, 3), draft_shift=0.3, draft_sigma=1.3, same=False, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.seq_len, self.token_dim, self.grid = seq_len, dim, grid
+        offsets, uncond = torch.randn(3, dim, generator=g), torch.zeros(dim)
+        self.target = LinearGaussianModel(seq_len, dim, 0.8, offsets, uncond, 0.5, 0.5)
+        self.draft = self.target if same else LinearGaussianModel(seq_len, dim, 0.6, offsets + draft_shift, uncond,
+                                                                  0.5, 0.5 * draft_sigma)
+
+    def conditions(self, n, generator):
+        return torch.randint(3, (n, 1), generator=generator)
+
+    def decode(self, tokens):
+        return torch.sigmoid(tokens.flatten(1)).view(len(tokens), 1, 1, -1)
+
+    def captions(self, cond):
+        return [f"class {int(c)}" for c in cond[:, 0]]
+
+    def sample(self, cond, *, generator, sampling):
+        return self._family.sample_ar(self, cond, sampling, generator=generator)
+
+
+def tiny_mar_teacher(seed=0, same=False):
+    """An untrained MAR-style teacher (real ragged KV cache, diffusion head, CFG branches) on 4x4 images of 2x2
+    patches; `same=True` makes the draft the target itself."""
+    from teachers.image_mar import ImageMARRecipe, ImageMARTeacher, ModelSize
+
+    size = ModelSize(n_layer=2, n_head=2, n_embd=16, head_width=16, head_depth=1)
+
+    class Tiny(ImageMARTeacher):
+        recipe = ImageMARRecipe(dataset="digits", image_size=4, patch=2, target=size, draft=size)
+
+    torch.manual_seed(seed)
+    target, draft = Tiny._model(size, 10), Tiny._model(size, 10)
+    for m in (target, draft):
+        for p in m.parameters():  # the head's output starts at zero; give every layer weight
+            p.data.add_(0.3 * torch.randn_like(p))
+    return Tiny("tiny-mar", target, target if same else draft, {})

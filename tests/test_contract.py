@@ -9,9 +9,9 @@ from bench.config import build_config
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
-from tests.fakes import TableAR, tiny_gpt_teacher
+from tests.fakes import LinearGaussianAR, TableAR, tiny_gpt_teacher, tiny_mar_teacher
 
-FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher]}
+FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher], "continuous-ar": [LinearGaussianAR, tiny_mar_teacher]}
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
             "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64}}
@@ -29,12 +29,13 @@ def test_teacher_entry(name):
 def test_method_entry(name, tmp_path):
     cls = METHODS.get(name)
     assert cls.__doc__ and cls.families
-    cfg = cls.Config()  # defaults are valid
-    assert dataclasses.is_dataclass(cfg) and cls.Config.__dataclass_params__.frozen
-    with pytest.raises(UserError, match="no_such_knob"):
-        build_config(cls.Config, {"no_such_knob": 1}, owner=name)
-    fast = build_config(cls.Config, FAST_FIT.get(name, {}), owner=name)
     for family in cls.families:
+        config_cls = cls.config_class(family)
+        cfg = config_cls()  # defaults are valid
+        assert dataclasses.is_dataclass(cfg) and config_cls.__dataclass_params__.frozen
+        with pytest.raises(UserError, match="no_such_knob"):
+            build_config(config_cls, {"no_such_knob": 1}, owner=name)
+        fast = build_config(config_cls, FAST_FIT.get(name, {}), owner=name)
         for make in FAKES[family]:
             teacher = make()
             if getattr(cls, "needs_network", False) and not hasattr(teacher, "model"):
@@ -45,8 +46,12 @@ def test_method_entry(name, tmp_path):
             assert all(isinstance(v, float) for v in fit_info.values())
             runs = [method.sample(cond, generator=torch.Generator().manual_seed(5)) for _ in range(2)]
             out = runs[0]
-            assert isinstance(out, Samples) and out.data.shape == (1, teacher.seq_len)
-            assert out.data.dtype == torch.long and 0 <= out.data.min() and out.data.max() < teacher.vocab_size
+            assert isinstance(out, Samples)
+            if family == "discrete-ar":
+                assert out.data.shape == (1, teacher.seq_len) and out.data.dtype == torch.long
+                assert 0 <= out.data.min() and out.data.max() < teacher.vocab_size
+            else:
+                assert out.data.shape == (1, teacher.seq_len, teacher.token_dim) and out.data.isfinite().all()
             assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
             assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
 

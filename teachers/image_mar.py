@@ -1,0 +1,220 @@
+"""Tiny MAR-style continuous-token AR image teachers (Li et al., arXiv:2406.11838) for CSpD (arXiv:2411.11925).
+
+Tokens are raw image patches scaled to [-1, 1] (MAR also runs on patches; no autoencoder keeps everything
+deterministic), in raster order. A target and a smaller draft are trained on the same data with the same recipe:
+a causal transformer (`teachers.gpt`) gives the condition vector z of every position, MAR's diffusion head
+(`teachers.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both models are
+trained and cached together on first use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bench.cache import Cache, config_key
+from bench.samples import Samples
+from teachers import continuous_ar
+from teachers.datasets import caption_table, load_image_dataset
+from teachers.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
+from teachers.gpt import GPT, GPTConfig, RaggedKVCache
+
+NULL = 0  # the unconditional class id; class c is c + 1
+RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    head_width: int
+    head_depth: int
+
+
+@dataclass(frozen=True)
+class ImageMARRecipe:
+    dataset: str
+    image_size: int = 16
+    patch: int = 2
+    target: ModelSize = ModelSize(n_layer=3, n_head=4, n_embd=96, head_width=64, head_depth=2)
+    draft: ModelSize = ModelSize(n_layer=1, n_head=2, n_embd=64, head_width=48, head_depth=1)
+    steps: int = 2000
+    batch_size: int = 32
+    head_batch_mul: int = 2  # MAR's diffusion_batch_mul: diffusion steps drawn per token and training step
+    lr: float = 1e-3
+    cond_dropout: float = 0.1
+    seed: int = 0
+
+
+@dataclass
+class MARState:
+    cache: RaggedKVCache
+    cfg: float
+    batch: int
+    cond_len: int
+
+    @property
+    def length(self) -> torch.Tensor:
+        return self.cache.length[: self.batch] - self.cond_len
+
+
+class DiffusionAR(nn.Module):
+    """Transformer + diffusion head; implements `continuous_ar.ContinuousARModel`."""
+
+    def __init__(self, gpt: GPTConfig, head: HeadConfig):
+        super().__init__()
+        self.gpt, self.head = GPT(gpt), DiffusionHead(head)
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def loss(self, cond, tokens, mul: int, generator) -> torch.Tensor:
+        """cond (B, P), tokens (B, N, D): the head's loss on every token, `mul` diffusion steps each."""
+        z = self.gpt(cond, tokens)  # (B, N, d)
+        return self.head.loss(tokens.flatten(0, 1).repeat(mul, 1), z.flatten(0, 1).repeat(mul, 1), generator)
+
+    @torch.inference_mode()
+    def start(self, cond, *, cfg):
+        B, P = cond.shape
+        if cfg != 1.0:
+            cond = torch.cat([cond, torch.full_like(cond, NULL)])  # second half: the unconditional branch
+        state = MARState(self.gpt.new_cache(len(cond), ragged=True), cfg, B, P)
+        return state, self._branches(state, self.gpt.prefill(cond, state.cache))
+
+    @torch.inference_mode()
+    def extend(self, state, tokens):
+        if state.cfg != 1.0:
+            tokens = torch.cat([tokens, tokens])  # both CFG branches see the same image tokens
+        return self._branches(state, self.gpt.extend(tokens, state.cache))
+
+    def rollback(self, state, lengths):
+        lengths = state.cond_len + lengths
+        state.cache.truncate(torch.cat([lengths, lengths]) if state.cfg != 1.0 else lengths)
+
+    def select(self, state, rows):
+        state.cache.select(torch.cat([rows, rows + state.batch]) if state.cfg != 1.0 else rows)
+        state.batch = len(rows)
+
+    @staticmethod
+    def _branches(state, z):  # (branches * B, ..., d) -> (B, ..., branches, d)
+        return torch.stack(z.split(state.batch), dim=-2)
+
+    def denoise(self, z, x_T, eps, sampling: continuous_ar.SamplingConfig) -> HeadOutput:
+        return denoise(self.head, schedule(sampling.steps, str(x_T.device)), z, x_T, eps,
+                       temperature=sampling.temperature, cfg=sampling.cfg, final_noise=sampling.final_noise)
+
+
+class ImageMARTeacher:
+    family: ClassVar[str] = continuous_ar.FAMILY
+    recipe: ClassVar[ImageMARRecipe]
+    reference_method: ClassVar[str] = "ar"
+
+    def __init__(self, name: str, target: DiffusionAR, draft: DiffusionAR, info: dict):
+        self.name, self.info = name, info
+        self.target, self.draft = target.eval(), draft.eval()
+        r = self.recipe
+        self.grid = (r.image_size // r.patch, r.image_size // r.patch)
+        self.seq_len, self.token_dim = self.grid[0] * self.grid[1], r.patch * r.patch
+        self.dataset_name, self.image_size = r.dataset, r.image_size
+        self.n_classes = len(caption_table(r.dataset))
+
+    # ---- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def key(cls) -> str:
+        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
+        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
+        if not cached and on_trained is not None:
+            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        models = {}
+        for which in ("target", "draft"):
+            m = DiffusionAR(GPTConfig(**blob[which]["gpt"]), HeadConfig(**blob[which]["head"]))
+            m.load_state_dict(blob[which]["state_dict"])
+            models[which] = m.to(device)
+        return cls(name, models["target"], models["draft"], blob["info"])
+
+    @classmethod
+    def _train(cls, name: str) -> dict:
+        with torch.random.fork_rng():  # parameter init draws from the global generator
+            torch.manual_seed(cls.recipe.seed)
+            r, t0 = cls.recipe, time.perf_counter()
+            train = load_image_dataset(r.dataset, "train", r.image_size)
+            test = load_image_dataset(r.dataset, "test", r.image_size)
+            blob, info = {}, {}
+            for which in ("target", "draft"):
+                model = cls._model(getattr(r, which), len(train.class_names))
+                train_loss = cls._fit(name, which, model, cls.patchify(train.images), train.labels)
+                model.eval()
+                with torch.no_grad():
+                    g = torch.Generator().manual_seed(r.seed)
+                    test_loss = model.loss(test.labels[:, None] + 1, cls.patchify(test.images), 4, g).item()
+                blob[which] = {"gpt": dataclasses.asdict(model.gpt.cfg), "head": dataclasses.asdict(model.head.cfg),
+                               "state_dict": model.state_dict()}
+                info |= {f"{which}_train_loss": train_loss, f"{which}_test_loss": test_loss,
+                         f"{which}_n_params": model.n_params}
+            blob["info"] = info | {"train_seconds": time.perf_counter() - t0}
+            return blob
+
+    @classmethod
+    def _model(cls, size: ModelSize, n_classes: int) -> DiffusionAR:
+        r = cls.recipe
+        D, N = r.patch * r.patch, (r.image_size // r.patch) ** 2
+        gpt = GPTConfig(vocab_size=0, cond_vocab=n_classes + 1, cond_len=1, seq_len=N, n_layer=size.n_layer,
+                        n_head=size.n_head, n_embd=size.n_embd, token_dim=D)
+        return DiffusionAR(gpt, HeadConfig(D, size.n_embd, size.head_width, size.head_depth, clip=1.0))
+
+    @classmethod
+    def _fit(cls, name: str, which: str, model: DiffusionAR, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+        r = cls.recipe
+        g = torch.Generator().manual_seed(r.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.95))
+        warmup = max(1, r.steps // 20)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+        model.train()
+        for _ in tqdm(range(r.steps), desc=f"training {which} of {name}", unit="step", leave=False):
+            idx = torch.randint(len(tokens), (r.batch_size,), generator=g)
+            cond = labels[idx, None] + 1
+            cond[torch.rand(r.batch_size, generator=g) < r.cond_dropout] = NULL
+            loss = model.loss(cond, tokens[idx], r.head_batch_mul, g)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        return loss.item()
+
+    # ---- tokens <-> images ----------------------------------------------------------------------------------
+    @classmethod
+    def patchify(cls, images: torch.Tensor) -> torch.Tensor:
+        """(B, 1, H, W) in [0, 1] -> (B, N, p*p) in [-1, 1], raster order."""
+        return F.unfold(images * 2 - 1, kernel_size=cls.recipe.patch, stride=cls.recipe.patch).transpose(1, 2)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N, p*p) -> (B, 1, H, W) images in [0, 1]."""
+        p, s = self.recipe.patch, self.image_size
+        return ((F.fold(tokens.transpose(1, 2), (s, s), kernel_size=p, stride=p) + 1) / 2).clamp(0, 1)
+
+    # ---- the ContinuousARTeacher protocol -------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n uniformly drawn classes as condition ids (n, 1)."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator) + 1
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        """A class condition reads as the class's first caption template (text-image metrics need the prompt)."""
+        table = caption_table(self.dataset_name)
+        return [table[c - 1][0] for c in cond[:, 0].tolist()]
+
+    def sample(self, cond, *, generator, sampling: continuous_ar.SamplingConfig) -> Samples:
+        return continuous_ar.sample_ar(self, cond, sampling, generator=generator)

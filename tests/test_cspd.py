@@ -1,0 +1,116 @@
+"""CSpD (arXiv:2411.11925) on the continuous-AR fakes: losslessness of `exact`, the biases of `paper` and `released`,
+counting, and the ragged KV cache the batched verifier relies on."""
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from bench.config import build_config
+from bench.errors import UserError
+from methods.cspd import CSpD, CSpDConfig
+from teachers.continuous_ar import SamplingConfig, sample_ar
+from tests.fakes import LinearGaussianAR, tiny_mar_teacher
+
+
+def _run(teacher, n, seed=0, **knobs):
+    cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
+    return CSpD(teacher, CSpDConfig(**knobs)).sample(cond, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _ar(teacher, n, seed=0, **sampling):
+    cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
+    return sample_ar(teacher, cond, SamplingConfig(**sampling), generator=torch.Generator().manual_seed(seed + 1))
+
+
+@pytest.mark.parametrize("mode", ["exact", "paper", "released"])
+@pytest.mark.parametrize("make", [lambda: LinearGaussianAR(seq_len=12, same=True),
+                                  lambda: tiny_mar_teacher(same=True)], ids=["linear", "tiny-mar"])
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_a_draft_equal_to_the_target_is_always_accepted_and_reproduces_ar(mode, make, gamma):
+    teacher = make()
+    knobs = dict(steps=4, cfg=2.0, final_noise=mode == "exact")
+    out = _run(teacher, 6, gamma=gamma, mode=mode, **knobs)
+    ref = _ar(teacher, 6, **knobs)
+    # Same generator, noise drawn first: when every draft is accepted the output IS the target-alone sample (up to
+    # float rounding: a multi-token pass sums in another order than one token at a time, the head's chain amplifies).
+    assert torch.allclose(out.data, ref.data, atol=1e-3)
+    c, N, B = out.counters, teacher.seq_len, 6
+    assert c["drafts_accepted"] == c["drafts_verified"] > 0 and c["resampled"] == 0
+    n_pre = math.floor(N * 0.05) + 1
+    per_round = gamma if mode == "released" else gamma + 1  # + the bonus token
+    assert c["nfe"] == B * (n_pre + math.ceil((N - n_pre) / per_round))
+    assert c["tokens"] == B * N and ref.counters["nfe"] == B * N
+
+
+def _lag1_corr(x):
+    return float(torch.corrcoef(x[:, :2, 0].T)[0, 1])
+
+
+def test_exact_mode_samples_the_target_law_and_the_other_modes_do_not():
+    teacher = LinearGaussianAR(seq_len=3, draft_shift=0.25, draft_sigma=1.4)
+    n = 20000
+    ref = _ar(teacher, n, steps=6).data
+    exact = _run(teacher, n, gamma=2, steps=6, mode="exact", seed=1)
+    assert 0.2 < exact.counters["drafts_accepted"] / exact.counters["drafts_verified"] < 0.9  # a real test
+    for pos in range(3):
+        assert stats.ks_2samp(exact.data[:, pos, 0], ref[:, pos, 0]).pvalue > 1e-3
+    assert abs(_lag1_corr(exact.data) - _lag1_corr(ref)) < 0.03  # the joint law too, not just marginals
+    # The paper's Sigma with unequal step stds, and the released code's scheme, move the law (note, Sec. 6.3).
+    for mode in ("paper", "released"):
+        biased = _run(teacher, n, gamma=2, steps=6, mode=mode, final_noise=True, seed=2).data
+        worst = min(stats.ks_2samp(biased[:, pos, 0], ref[:, pos, 0]).pvalue for pos in range(3))
+        assert worst < 1e-6, mode
+
+
+def test_paper_sigma_is_exact_when_the_step_stds_agree():
+    teacher = LinearGaussianAR(seq_len=3, draft_shift=0.25, draft_sigma=1.0)
+    ref = _ar(teacher, 20000, steps=6).data
+    out = _run(teacher, 20000, gamma=2, steps=6, mode="paper", seed=1).data
+    assert min(stats.ks_2samp(out[:, p, 0], ref[:, p, 0]).pvalue for p in range(3)) > 1e-3
+
+
+def test_prefill_tokens_come_from_the_target_and_are_not_counted_as_drafts():
+    teacher = LinearGaussianAR(seq_len=12)
+    out = _run(teacher, 5, prefill=0.5, gamma=2)  # floor(12 * 0.5) + 1 = 7 pre-filled tokens
+    ref = _ar(teacher, 5)
+    assert torch.allclose(out.data[:, :7], ref.data[:, :7])  # same noise, the target alone
+    assert out.counters["drafts_verified"] <= 5 * 5
+    everything = _run(teacher, 5, prefill=1.0)
+    assert torch.allclose(everything.data, ref.data) and everything.counters["drafts"] == 0
+
+
+def test_exhausted_residual_tries_are_counted_and_never_zero():
+    # The released Sigma (prod sigma_p / sigma_q) of a much wider draft is tiny: alpha_s = 1 - q / (Sigma p) ~ 0.
+    teacher = LinearGaussianAR(seq_len=6, draft_shift=0.0, draft_sigma=3.0)
+    out = _run(teacher, 200, mode="released", max_tries=2, steps=4)
+    assert out.counters["resample_exhausted"] > 0
+    assert out.counters["resample_tries"] >= out.counters["resample_exhausted"]
+    assert (out.data != 0).all()  # the released code would leave zero tokens here
+
+
+def test_exact_mode_refuses_a_deterministic_last_step():
+    with pytest.raises(UserError, match="final_noise"):
+        build_config(CSpDConfig, {"mode": "exact", "final_noise": False}, owner="cspd")
+    with pytest.raises(UserError, match="mode"):
+        build_config(CSpDConfig, {"mode": "leviathan"}, owner="cspd")
+
+
+def test_ragged_kv_cache_matches_teacher_forcing():
+    teacher = tiny_mar_teacher()
+    gpt = teacher.target.gpt
+    B, N, D = 3, teacher.seq_len, teacher.token_dim
+    cond = teacher.conditions(B, torch.Generator().manual_seed(0))
+    tokens = torch.randn(B, N, D, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = gpt(cond, tokens)  # (B, N, d): z of every position, teacher-forced
+        cache = gpt.new_cache(B, ragged=True)
+        gpt.prefill(cond, cache)
+        gpt.extend(tokens[:, :2], cache)
+        gpt.extend(tokens[:, 2:4] + 5.0, cache)  # wrong tokens: rolled back, yet left in the buffer
+        cache.truncate(torch.tensor([1, 2, 1]))  # cond + 0, 1, 0 image tokens
+        z = gpt.extend(torch.stack([tokens[0, :2], tokens[1, 1:3], tokens[2, :2]]), cache)  # ragged positions
+    assert torch.allclose(z[0], full[0, 1:3], atol=1e-5)
+    assert torch.allclose(z[1], full[1, 2:4], atol=1e-5)
+    assert torch.allclose(z[2], full[2, 1:3], atol=1e-5)
+    assert cache.length.tolist() == [3, 4, 3]
