@@ -62,7 +62,7 @@ class CSpDConfig(continuous_ar.SamplingConfig):
 
     @property
     def sampling(self) -> continuous_ar.SamplingConfig:
-        return continuous_ar.SamplingConfig(self.steps, self.temperature, self.cfg, self.final_noise)
+        return continuous_ar.SamplingConfig(self.steps, self.temperature, self.cfg, self.final_noise, self.final_std)
 
 
 def log_density(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor, scale: float = 1.0) -> torch.Tensor:

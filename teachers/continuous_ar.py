@@ -32,6 +32,10 @@ class SamplingConfig:
     temperature: float = 1.0  # multiplies every step's std (MAR's temperature)
     cfg: float = 1.0  # classifier-free guidance on the head's eps; 1 = conditional only
     final_noise: bool = True  # sample the last diffusion step; False = MAR's x_0 = mean (no density: no exact CSpD)
+    # > 0: the last step's std is at least this (token units), i.e. that much output noise. The learned last-step std
+    # is ~0.006 (cosine schedule, t = 0); a draft's token must land that close to the target's mean to be accepted
+    # by an exact test, so this trades output noise for acceptance, for the reference arm and CSpD alike.
+    final_std: float = 0.0
 
     def __post_init__(self):
         if not 1 <= self.steps <= 1000:
@@ -40,6 +44,8 @@ class SamplingConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.cfg < 0:
             raise ValueError(f"cfg must be >= 0, got {self.cfg}")
+        if self.final_std < 0:
+            raise ValueError(f"final_std must be >= 0, got {self.final_std}")
 
 
 @dataclass

@@ -172,9 +172,10 @@ class HeadOutput:
 
 @torch.inference_mode()
 def denoise(head: DiffusionHead, sched: Schedule, z: torch.Tensor, x_T: torch.Tensor, eps: torch.Tensor, *,
-            temperature: float, cfg: float, final_noise: bool) -> HeadOutput:
+            temperature: float, cfg: float, final_noise: bool, final_std: float = 0.0) -> HeadOutput:
     """Run the head's reverse chain. z (N, branches, d) with the unconditional branch second when cfg != 1;
-    x_T (N, D) and eps (N, K, D) the starting point and per-step noise (eps[:, i] for the i-th step taken)."""
+    x_T (N, D) and eps (N, K, D) the starting point and per-step noise (eps[:, i] for the i-th step taken);
+    final_std > 0 floors the last step's std (output noise, see `continuous_ar.SamplingConfig`)."""
     N, D = x_T.shape
     guided = z.shape[1] == 2
     zz = torch.cat([z[:, 0], z[:, 1]]) if guided else z[:, 0]
@@ -192,5 +193,7 @@ def denoise(head: DiffusionHead, sched: Schedule, z: torch.Tensor, x_T: torch.Te
             x = mean + log_std.exp() * eps[:, i]
             log_std_sum = log_std_sum + log_std.sum(-1)
         else:
+            if final_std:
+                log_std = log_std.clamp(min=math.log(final_std))
             x = mean + log_std.exp() * eps[:, i] if final_noise else mean
     return HeadOutput(x, mean, log_std, log_std_sum)

@@ -110,7 +110,8 @@ class DiffusionAR(nn.Module):
 
     def denoise(self, z, x_T, eps, sampling: continuous_ar.SamplingConfig) -> HeadOutput:
         return denoise(self.head, schedule(sampling.steps, str(x_T.device)), z, x_T, eps,
-                       temperature=sampling.temperature, cfg=sampling.cfg, final_noise=sampling.final_noise)
+                       temperature=sampling.temperature, cfg=sampling.cfg, final_noise=sampling.final_noise,
+                       final_std=sampling.final_std)
 
 
 class ImageMARTeacher:
