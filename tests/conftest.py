@@ -28,11 +28,15 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
     """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers import DigitsARClass, DigitsARText, FashionARClass, FashionARText
+    from teachers import DigitsARClass, DigitsARText, DigitsMARClass, FashionARClass, FashionARText
+    from teachers.image_mar import ModelSize
 
     for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
         recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
         monkeypatch.setattr(cls, "recipe", recipe)
+    size = ModelSize(n_layer=1, n_head=2, n_embd=16, head_width=16, head_depth=1)
+    monkeypatch.setattr(DigitsMARClass, "recipe", dataclasses.replace(DigitsMARClass.recipe, steps=10, batch_size=4,
+                                                                      target=size, draft=size))
 
 
 @pytest.fixture(scope="session")

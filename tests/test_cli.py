@@ -58,6 +58,23 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert trained.data.params["steps"] == "30" and "test_nll_per_token" in trained.data.metrics
 
 
+def test_cspd_trial_end_to_end(tiny_recipe, store, tmp_path):
+    code = run_cli(store, tmp_path / "cache", "--teacher", "digits-mar-c2i", "--method", "cspd", "--param", "gamma=3",
+                   "--param", "steps=4", "--param", "cfg=2.0", "--metric", "fid", "--n-samples", "6",
+                   "--batch-size", "3")
+    assert code == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m, p = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and p["params.mode"] == "exact" and p["ref.final_noise"] == "True"
+    for key in ("acceptance_rate", "draft_nfe_per_sample", "head_chains_per_sample", "resample_tries_per_sample",
+                "resample_exhausted_per_sample", "fid.digits-cnn", "ref/fid.digits-cnn", "speedup_steps"):
+        assert key in m, key
+    assert m["ref/nfe_per_sample"] == 64 and m["nfe_per_sample"] <= 64 and 0 <= m["acceptance_rate"] <= 1
+    (trained,) = client.search_runs([client.get_experiment_by_name("accelbench-training").experiment_id])
+    assert {"target_test_loss", "draft_test_loss", "target_n_params"} <= set(trained.data.metrics)
+
+
 def test_every_image_metric_is_logged_under_its_extractor(tiny_recipe, store, cache_dir, capsys, monkeypatch):
     monkeypatch.delenv("ACCELBENCH_HPSV2_CHECKPOINT", raising=False)
     metrics = ("fid", "kid", "is", "precision", "recall", "clip", "hpsv2")
