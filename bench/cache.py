@@ -59,3 +59,9 @@ class Cache:
         obj = build()
         self.save(kind, key, obj)
         return obj, False
+
+
+def teacher_key(teacher) -> str | None:
+    """A registered teacher's recipe key; None for a teacher without one (test fakes): nothing keyed by it is cached."""
+    key = getattr(type(teacher), "key", None)
+    return key() if key is not None else None

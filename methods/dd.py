@@ -26,12 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache, config_key, teacher_key
 from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
 from methods.base import Method
-from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout, teacher_key
+from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout
 from methods.dd_student import DDStudent
 from teachers import discrete_ar
 from teachers.discrete_ar import draw

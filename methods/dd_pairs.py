@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache, config_key, teacher_key
 from methods.token_flow import FlowConfig, Solver, flow_map
 from teachers.discrete_ar import SamplingConfig, process
 
@@ -96,12 +96,6 @@ def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: Sampli
     codebook = teacher.codebook
     return rollout(teacher, cond, sampling, teacher.seq_len,
                    lambda i, probs: flow_map(noise[:, i], probs, codebook, flow))
-
-
-def teacher_key(teacher) -> str | None:
-    """The registered teachers' recipe key; None for a teacher without one (test fakes), whose pairs are not cached."""
-    key = getattr(type(teacher), "key", None)
-    return key() if key is not None else None
 
 
 def generate_pairs(teacher, sampling: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:

@@ -3,6 +3,7 @@ import dataclasses
 
 from bench.registry import TEACHERS
 from teachers.image_ar import ImageARRecipe, ImageARTeacher
+from teachers.image_dit import ImageDiTRecipe, ImageDiTTeacher
 from teachers.image_mar import ImageMARRecipe, ImageMARTeacher
 
 
@@ -44,3 +45,10 @@ class DigitsMARClass(ImageMARTeacher):
     """Class-conditional MAR-style target + draft over 64 continuous 2x2-patch tokens of digits (16x16)."""
 
     recipe = ImageMARRecipe(dataset="digits")
+
+
+@TEACHERS.register("digits-dit-c2i")
+class DigitsDiTClass(ImageDiTTeacher):
+    """Class-conditional DiT (adaLN-Zero, 16 tokens of 4x4 patches) on digits pixels (16x16), DDIM sampler."""
+
+    recipe = ImageDiTRecipe(dataset="digits")

@@ -74,7 +74,9 @@ def _gauss_log_prob(x, mean, log_std):
     return -0.5 * ((x - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
 
 
-class _TimestepEmbedder(nn.Module):
+class TimestepEmbedder(nn.Module):
+    """Sinusoidal features of the diffusion step, then an MLP (DiT, MAR)."""
+
     def __init__(self, width: int, freq: int = 256):
         super().__init__()
         self.freq = freq
@@ -118,7 +120,7 @@ class DiffusionHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         w = cfg.width
-        self.time_emb, self.cond_emb = _TimestepEmbedder(w), nn.Linear(cfg.cond_dim, w)
+        self.time_emb, self.cond_emb = TimestepEmbedder(w), nn.Linear(cfg.cond_dim, w)
         self.inp = nn.Linear(cfg.token_dim, w)
         self.blocks = nn.ModuleList(_ResBlock(w) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(w, elementwise_affine=False, eps=1e-6)

@@ -217,3 +217,19 @@ def tiny_mar_teacher(seed=0, same=False):
         for p in m.parameters():  # the head's output starts at zero; give every layer weight
             p.data.add_(0.3 * torch.randn_like(p))
     return Tiny("tiny-mar", target, target if same else draft, {})
+
+
+def tiny_dit_teacher(seed=0):
+    """An untrained class-conditional DiT teacher (8x8 images, 4 tokens), adaLN weights made non-zero so that every
+    block, the time and the class matter."""
+    from teachers.dit import DiT, DiTConfig
+    from teachers.image_dit import ImageDiTRecipe, ImageDiTTeacher
+
+    class Tiny(ImageDiTTeacher):
+        recipe = ImageDiTRecipe(dataset="digits", image_size=8, patch=4, hidden=16, depth=3, heads=2)
+
+    torch.manual_seed(seed)
+    model = DiT(DiTConfig(image_size=8, patch=4, hidden=16, depth=3, heads=2))
+    for p in model.parameters():
+        p.data.add_(0.2 * torch.randn_like(p))
+    return Tiny("tiny-dit", model, {})

@@ -9,12 +9,14 @@ from bench.config import build_config
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
-from tests.fakes import LinearGaussianAR, TableAR, tiny_gpt_teacher, tiny_mar_teacher
+from tests.fakes import LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_mar_teacher
 
-FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher], "continuous-ar": [LinearGaussianAR, tiny_mar_teacher]}
+FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher], "continuous-ar": [LinearGaussianAR, tiny_mar_teacher],
+         "ode-diffusion": [tiny_dit_teacher]}
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
-            "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64}}
+            "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64},
+            **{m: {"steps": 8, "n_traj": 16, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")}}
 
 
 @pytest.mark.parametrize("name", TEACHERS.names())
@@ -50,9 +52,14 @@ def test_method_entry(name, tmp_path):
             if family == "discrete-ar":
                 assert out.data.shape == (1, teacher.seq_len) and out.data.dtype == torch.long
                 assert 0 <= out.data.min() and out.data.max() < teacher.vocab_size
-            else:
+            elif family == "continuous-ar":
                 assert out.data.shape == (1, teacher.seq_len, teacher.token_dim) and out.data.isfinite().all()
-            assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
+            else:
+                assert out.data.shape == (1, *teacher.image_shape) and out.data.isfinite().all()
+            if family != "ode-diffusion":  # a sequence: at most one pass per token
+                assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
+            else:  # an image: at most one pass per teacher step
+                assert 1 <= out.counters["nfe"] <= fast.steps and out.counters["tokens"] == 1
             assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
 
 

@@ -1,0 +1,274 @@
+"""`ard`: Autoregressive Distillation of a diffusion transformer (Kim et al., arXiv:2504.11295), with its baselines
+`step-distill` (N = 0, mask M1: the same code path) and `kd` (S = 1).
+
+Pipeline (shared/notes/ard_autoregressive_distillation_dit.md 1.2-1.4):
+1. trajectories: the teacher's DDIM (eta = 0) with K steps and CFG from balanced classes, all K + 1 states and the K
+   x_0-predictions kept, cached by (teacher, K, CFG, count, seed); the S + 1 knots are picked from them: `uniform`
+   (the paper's tau_s = T s / S, the DDIM states nearest to it) or `released` (the released code's states, S = 2 or
+   4: the last steps span K / 5 teacher steps each, the first what is left: 999 -> 624 -> 416 -> 208 -> 0 at K = 25);
+2. training (Eq. 6): the student (`methods.ard_student`) predicts input k+1 from inputs 0..k, teacher-forced in one
+   pass; inputs after the noise and the targets are the teacher's x_0-predictions at the knots (`x0hat`, the paper's
+   ImageNet default) or the states themselves (`xt`); the last target is the teacher's sample. MSE averaged over
+   the S steps, AdamW (wd 0), gradient clip 1, EMA; cached;
+3. sampling: S steps from noise with a KV cache in the lower N blocks, no CFG (distilled in).
+`fit` also logs the coupling error (the student's sample against the teacher's K-step sample from the same noise,
+held-out noises) and the FLOPs of a student step against a teacher forward, both measured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.cache import Cache, config_key, teacher_key
+from bench.errors import UserError
+from bench.registry import METHODS
+from bench.samples import Samples
+from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
+from methods.base import Method
+from teachers import ode_diffusion
+
+STUDENT_VERSION = 1  # bump when training code changes what a config produces
+HELD_OUT = 256  # noises for the coupling error
+
+
+@dataclass(frozen=True)
+class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's trajectories (and the reference arm)
+    student_steps: int = 4  # S
+    history_layers: int = 1  # N: lower blocks that read the history (0 = step distillation)
+    mask: str = "M4"
+    knots: str = "uniform"  # or "released"
+    target: str = "x0hat"  # or "xt"
+    time_embed: str = "adaln_tokenwise"  # or "additive"
+    n_traj: int = 4000
+    train_steps: int = 2000
+    batch: int = 64
+    lr: float = 1e-3
+    ema: float = 0.999
+    seed: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        choices = {"mask": MASKS, "knots": ("uniform", "released"), "target": ("x0hat", "xt"),
+                   "time_embed": TIME_EMBEDS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not 1 <= self.student_steps <= self.steps:
+            raise ValueError(f"student_steps must be in [1, steps={self.steps}], got {self.student_steps}")
+        for name in ("history_layers", "n_traj", "train_steps", "batch"):
+            if getattr(self, name) < (0 if name == "history_layers" else 1):
+                raise ValueError(f"{name} must be >= {0 if name == 'history_layers' else 1}, got {getattr(self, name)}")
+        if not (self.lr > 0 and 0 <= self.ema < 1):
+            raise ValueError(f"need lr > 0 and 0 <= ema < 1, got {self.lr}, {self.ema}")
+
+    @property
+    def sampling(self) -> ode_diffusion.SamplingConfig:
+        return ode_diffusion.SamplingConfig(self.steps, self.cfg)
+
+
+def knot_states(knots: str, K: int, S: int) -> list[int]:
+    """Indices into a trajectory's states (steps taken) of the S + 1 knots, noise first."""
+    if knots == "uniform":
+        inner = [round((K - 1) * s / S) for s in range(1, S)]  # the DDIM state whose timestep is nearest T (S-s)/S
+    else:  # the released loaders: DDIM indices {15, 10, 5} (4 steps) and {10} (2 steps) of 25, i.e. strides of K/5
+        if S not in (1, 2, 4):
+            raise UserError(f"ard: knots 'released' exist for 1, 2 or 4 student steps (the released code's), got {S}")
+        d = K // 5
+        inner = {1: [], 2: [K - 2 * d], 4: [K - 3 * d, K - 2 * d, K - d]}[S]
+    out = [0, *inner, K]
+    if sorted(set(out)) != out:
+        raise UserError(f"ard: knots {knots!r} need more teacher steps than {K} for {S} student steps: {out}")
+    return out
+
+
+def time_labels(knots: str, K: int, S: int) -> list[float]:
+    """The timestep each input is labelled with: the knot's own (uniform), or the released code's T (S - k) / S."""
+    if knots == "released":
+        return [999 * (S - k) / S for k in range(S)]
+    ts = ode_diffusion.ddim_timesteps(K)
+    return [float(ts[j]) for j in knot_states(knots, K, S)[:-1]]
+
+
+@dataclass
+class Trajectories:
+    cond: torch.Tensor  # (n, 1)
+    states: torch.Tensor  # (n, K+1, C, H, W) float16
+    x0_preds: torch.Tensor  # (n, K, C, H, W) float16
+
+    def pairs(self, knots: list[int], target: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Student inputs and targets (n, S, C, H, W): input 0 is the noise, input k the knot's x0-prediction or
+        state, target k the next input, the last target the teacher's sample."""
+        inner = self.x0_preds if target == "x0hat" else self.states
+        mids = inner[:, knots[1:-1]].float()
+        inputs = torch.cat([self.states[:, :1].float(), mids], 1)
+        return inputs, torch.cat([mids, self.states[:, -1:].float()], 1)
+
+
+def generate_trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed: int, *,
+                          cache: Cache) -> Trajectories:
+    def build():
+        g = torch.Generator().manual_seed(seed)
+        cond = (torch.arange(n) % teacher.n_classes)[:, None]  # balanced classes
+        x_T = torch.randn(n, *teacher.image_shape, generator=g)
+        states, preds = [], []
+        for sl in range(0, n, 500):
+            c = cond[sl : sl + 500]
+            tr = ode_diffusion.ddim(lambda x, t: teacher.eps(x, t, c, cfg=s.cfg), x_T[sl : sl + 500], s.steps)
+            states.append(tr.states.transpose(0, 1).half())
+            preds.append(tr.x0_preds.transpose(0, 1).half())
+        return {"cond": cond, "states": torch.cat(states), "x0_preds": torch.cat(preds)}
+
+    tkey = teacher_key(teacher)
+    if tkey is None:  # a teacher without a recipe key (a test fake): nothing to key a cache entry by
+        return Trajectories(**build())
+    key = config_key(tkey, dataclasses.asdict(s), n, seed)
+    return Trajectories(**cache.get_or_build("ard-trajectories", key, build)[0])
+
+
+def _ema_decay(decay: float, k: int) -> float:
+    return min(decay, (1 + k) / (10 + k))  # warm-up: a short run is not averaged into its initial weights
+
+
+@METHODS.register("ard")
+class ARD(Method):
+    """Autoregressive distillation: each student step sees the whole student trajectory so far (arXiv:2504.11295)."""
+
+    families = (ode_diffusion.FAMILY,)
+    Config = ARDConfig
+    key_knobs = ("student_steps", "history_layers", "mask")
+    needs_network: ClassVar[bool] = True  # initialised from the teacher's DiT
+
+    def __init__(self, teacher, config: ARDConfig):
+        super().__init__(teacher, config)
+        c = config
+        if c.history_layers > teacher.model.cfg.depth:
+            raise UserError(f"ard: history_layers must be <= the teacher's depth {teacher.model.cfg.depth}, "
+                            f"got {c.history_layers}")
+        self.knots = knot_states(c.knots, c.steps, c.student_steps)
+        self.student: ARDStudent | None = None
+
+    def _new_student(self) -> ARDStudent:
+        c = self.config
+        return ARDStudent(self.teacher.model, c.student_steps, c.history_layers, c.mask, c.time_embed,
+                          time_labels(c.knots, c.steps, c.student_steps))
+
+    def fit(self, *, cache: Cache) -> dict[str, float]:
+        c, t0 = self.config, time.perf_counter()
+        key = teacher_key(self.teacher)
+        trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.seed, cache=cache)
+        held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.seed + 1, cache=cache)
+        traj_seconds = time.perf_counter() - t0
+        knobs = {k: v for k, v in dataclasses.asdict(c).items()}
+        if key is None:
+            blob, cached = self._train(trajs), False
+        else:
+            blob, cached = cache.get_or_build("ard-students", config_key(key, knobs, STUDENT_VERSION),
+                                              lambda: self._train(trajs))
+        self.student = self._new_student()
+        self.student.load_state_dict(blob["state_dict"])
+        self.student.eval().requires_grad_(False)
+        with torch.inference_mode():
+            inputs, targets = held.pairs(self.knots, c.target)
+            free = self.student.rollout(inputs[:, 0], held.cond[:, 0])[:, -1]
+            forced = self.student(inputs, held.cond[:, 0])  # with the teacher's history: Fig. 6b's other end
+        return {"trajectory_seconds": traj_seconds, **{k: float(v) for k, v in blob["info"].items()},
+                "student_cached": float(cached), "coupling_mse": F.mse_loss(free, targets[:, -1]).item(),
+                "teacher_forced_mse": F.mse_loss(forced, targets).item(), **self._flops()}
+
+    def _train(self, trajs: Trajectories) -> dict:
+        c, t0 = self.config, time.perf_counter()
+        inputs, targets = trajs.pairs(self.knots, c.target)
+        y = trajs.cond[:, 0]
+        g = torch.Generator().manual_seed(c.seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(c.seed)
+            student = self._new_student()
+        ema = self._new_student().requires_grad_(False)
+        ema.load_state_dict(student.state_dict())
+        opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
+        warmup = max(1, c.train_steps // 20)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
+            1 + math.cos(math.pi * min(s, c.train_steps) / c.train_steps)))
+        for k in range(c.train_steps):
+            idx = torch.randint(len(inputs), (c.batch,), generator=g)
+            loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                d = _ema_decay(c.ema, k)
+                for pe, ps in zip(ema.parameters(), student.parameters()):
+                    pe.lerp_(ps, 1 - d)
+        info = {"train_seconds": time.perf_counter() - t0, "train_loss": loss.item(),
+                "n_params": sum(p.numel() for p in student.parameters())}
+        return {"state_dict": ema.state_dict(), "info": info}
+
+    def _flops(self) -> dict[str, float]:
+        """FLOPs of one image: a student step (mean over the S steps, KV cache included) and a teacher forward."""
+        t, shape = self.teacher, self.teacher.image_shape
+        x, y = torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long)
+        with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernel is not counted
+            with FlopCounterMode(display=False) as student:
+                self.student.rollout(x, y)
+            with FlopCounterMode(display=False) as teacher:
+                t.model(x, torch.zeros(1, dtype=torch.long), y)
+        per_step = student.get_total_flops() / self.config.student_steps
+        return {"student_gflops_per_step": per_step / 1e9, "teacher_gflops_per_forward": teacher.get_total_flops() / 1e9,
+                "extra_flops_vs_teacher_step": per_step / teacher.get_total_flops() - 1}
+
+    @torch.inference_mode()
+    def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
+        if self.student is None:
+            raise RuntimeError("ard: call fit() before sample()")
+        x_T = torch.randn(len(cond), *self.teacher.image_shape, generator=generator, device=cond.device)
+        x = self.student.rollout(x_T, cond[:, 0])[:, -1]
+        return Samples(x, cond, Counter(nfe=len(cond) * self.config.student_steps, tokens=len(cond)))
+
+
+@dataclass(frozen=True)
+class StepDistillConfig(ARDConfig):
+    history_layers: int = 0
+    mask: str = "M1"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.history_layers != 0:
+            raise ValueError(f"step-distill reads no history: history_layers must be 0, got {self.history_layers}")
+
+
+@METHODS.register("step-distill")
+class StepDistill(ARD):
+    """Step distillation (ARD with N = 0: each step sees only its own input), ARD's baseline (arXiv:2504.11295)."""
+
+    Config = StepDistillConfig
+    key_knobs = ("student_steps",)
+
+
+@dataclass(frozen=True)
+class KDConfig(ARDConfig):
+    student_steps: int = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.student_steps != 1:
+            raise ValueError(f"kd maps noise to the sample in one step: student_steps must be 1, got "
+                             f"{self.student_steps}")
+
+
+@METHODS.register("kd")
+class KD(ARD):
+    """Knowledge distillation (ARD with S = 1: noise -> the teacher's sample in one step), ARD's baseline."""
+
+    Config = KDConfig
+    key_knobs = ()

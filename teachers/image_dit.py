@@ -1,0 +1,138 @@
+"""Tiny class-conditional DiT teachers in pixel space (ARD's teacher family, arXiv:2504.11295), trained and cached.
+
+DiT's recipe at CPU scale: eps-prediction (no learned variance: a deterministic DDIM sampler never reads it) with the
+linear 1000-step schedule, label dropout 0.1 for classifier-free guidance, AdamW and an EMA of the weights. Images
+are scaled to [-1, 1]; there is no autoencoder (pixels stand in for DiT's latents).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bench.cache import Cache, config_key
+from bench.samples import Samples
+from teachers import ode_diffusion
+from teachers.datasets import caption_table, load_image_dataset
+from teachers.dit import DiT, DiTConfig
+
+RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
+
+
+@dataclass(frozen=True)
+class ImageDiTRecipe:
+    dataset: str
+    image_size: int = 16
+    patch: int = 4
+    hidden: int = 128
+    depth: int = 4
+    heads: int = 4
+    steps: int = 6000
+    batch_size: int = 64
+    lr: float = 1e-3
+    ema: float = 0.999
+    label_dropout: float = 0.1
+    seed: int = 0
+
+
+class ImageDiTTeacher:
+    family: ClassVar[str] = ode_diffusion.FAMILY
+    recipe: ClassVar[ImageDiTRecipe]
+    reference_method: ClassVar[str] = "ddim"
+
+    def __init__(self, name: str, model: DiT, info: dict):
+        self.name, self.model, self.info = name, model.eval().requires_grad_(False), info
+        c = model.cfg
+        self.image_shape = (c.channels, c.image_size, c.image_size)
+        self.n_classes, self.dataset_name, self.image_size = c.n_classes, self.recipe.dataset, c.image_size
+
+    @classmethod
+    def key(cls) -> str:
+        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
+        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
+        if not cached and on_trained is not None:
+            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        model = DiT(DiTConfig(**blob["dit"]))
+        model.load_state_dict(blob["state_dict"])
+        return cls(name, model.to(device), blob["info"])
+
+    @classmethod
+    def _train(cls, name: str) -> dict:
+        with torch.random.fork_rng():  # parameter init draws from the global generator
+            torch.manual_seed(cls.recipe.seed)
+            return cls._fit(name)
+
+    @classmethod
+    def _fit(cls, name: str) -> dict:
+        r, t0 = cls.recipe, time.perf_counter()
+        train = load_image_dataset(r.dataset, "train", r.image_size)
+        test = load_image_dataset(r.dataset, "test", r.image_size)
+        cfg = DiTConfig(r.image_size, train.images.shape[1], r.patch, len(train.class_names), r.hidden, r.depth,
+                        r.heads)
+        model, g = DiT(cfg), torch.Generator().manual_seed(r.seed)
+        ema = copy.deepcopy(model).requires_grad_(False)
+        ab = ode_diffusion.alpha_bar().float()
+        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0)
+        warmup = max(1, r.steps // 20)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+
+        def loss_of(m, images, labels, gen):
+            t = torch.randint(ode_diffusion.TRAIN_STEPS, (len(images),), generator=gen)
+            noise = torch.randn(images.shape, generator=gen)
+            a = ab[t].view(-1, 1, 1, 1)
+            return F.mse_loss(m(a.sqrt() * images + (1 - a).sqrt() * noise, t, labels), noise)
+
+        x, y = train.images * 2 - 1, train.labels
+        for step in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+            idx = torch.randint(len(x), (r.batch_size,), generator=g)
+            labels = torch.where(torch.rand(r.batch_size, generator=g) < r.label_dropout, cfg.n_classes, y[idx])
+            loss = loss_of(model, x[idx], labels, g)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            with torch.no_grad():  # the warm-up keeps a short run from averaging mostly its initial weights
+                d = min(r.ema, (1 + step) / (10 + step))
+                for pe, pm in zip(ema.parameters(), model.parameters()):
+                    pe.lerp_(pm, 1 - d)
+        with torch.no_grad():
+            test_loss = loss_of(ema, test.images * 2 - 1, test.labels, torch.Generator().manual_seed(r.seed)).item()
+        info = {"train_loss": loss.item(), "test_loss": test_loss, "n_params": sum(p.numel() for p in ema.parameters()),
+                "train_seconds": time.perf_counter() - t0}
+        return {"dit": dataclasses.asdict(cfg), "state_dict": ema.state_dict(), "info": info}
+
+    # ---- the ODEDiffusionTeacher protocol -------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n uniformly drawn class ids, (n, 1)."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator)
+
+    @torch.inference_mode()
+    def eps(self, x, t, cond, *, cfg):
+        y = cond[:, 0]
+        if cfg == 1.0:
+            return self.model(x, t, y)
+        e = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.n_classes)]))
+        e_c, e_u = e.chunk(2)
+        return e_u + cfg * (e_c - e_u)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x + 1) / 2).clamp(0, 1)
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        table = caption_table(self.dataset_name)
+        return [table[c][0] for c in cond[:, 0].tolist()]
+
+    def sample(self, cond, *, generator, sampling: ode_diffusion.SamplingConfig) -> Samples:
+        return ode_diffusion.sample_ddim(self, cond, sampling, generator=generator)
