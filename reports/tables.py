@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-SAMPLING_KNOBS = ("top_k", "temperature", "cfg", "greedy")
+SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,9 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     blank = False
 
-    def sampling(knobs):
-        return _knob_text(knobs, SAMPLING_KNOBS)
+    def sampling(knobs):  # the reference arm's settings: whatever its config has (every family its own)
+        return _knob_text(knobs, [k for k in SAMPLING_ORDER if k in knobs] +
+                          sorted(k for k in knobs if k not in SAMPLING_ORDER))
 
     # Teacher rows: the reference arms of all runs, by sampling settings and sample count. Runs with the same seed
     # drew the same teacher samples, so each seed counts once; a metric comes from the first run of the seed that has it.
@@ -107,8 +108,8 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
     groups: dict = {}
     for r in runs:
         varying = sorted({k for o in runs if o.method == r.method for k in o.knobs
-                          if o.knobs[k] != r.knobs.get(k) and k not in SAMPLING_KNOBS})
-        names = [k for k in r.key_knobs if k not in SAMPLING_KNOBS] + [k for k in varying if k not in r.key_knobs]
+                          if o.knobs[k] != r.knobs.get(k) and k not in r.ref_knobs})
+        names = [k for k in r.key_knobs if k not in r.ref_knobs] + [k for k in varying if k not in r.key_knobs]
         key = (r.method, _knob_text(r.knobs, names), sampling(r.ref_knobs), r.n_samples,
                tuple(sorted(r.knobs.items())))
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
