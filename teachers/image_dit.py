@@ -31,10 +31,10 @@ class ImageDiTRecipe:
     dataset: str
     image_size: int = 16
     patch: int = 4
-    hidden: int = 128
+    hidden: int = 96
     depth: int = 4
     heads: int = 4
-    steps: int = 6000
+    steps: int = 4000
     batch_size: int = 64
     lr: float = 1e-3
     ema: float = 0.999
