@@ -140,14 +140,14 @@ class CSpD(Method):
             t.draft.extend(drf, tokens[:, : n_pre - 1])
             c["draft_nfe"] += B
         # Per unfinished row: `length` tokens committed; both models have read all but the last k = pending.shape[1].
-        rows = torch.arange(B, device=cond.device) if n_pre < N else torch.empty(0, dtype=torch.long)
+        rows = torch.arange(B if n_pre < N else 0, device=cond.device)
         length = torch.full((len(rows),), n_pre, device=cond.device)
         pending = tokens[rows, n_pre - 1 : n_pre]  # (M, k, D)
         while len(rows):
             M, k, g = len(rows), pending.shape[1], min(cfg.gamma, int((N - length).min()))
             drafts, q = self._draft(drf, pending, rows, length, g, noise, c)
             z = t.target.extend(tgt, torch.cat([pending, drafts], 1))[:, k - 1 :]  # (M, g+1, branches, d)
-            x_T, eps = noise.at(rows[:, None].expand(M, g), length[:, None] + torch.arange(g))
+            x_T, eps = noise.at(rows[:, None].expand(M, g), length[:, None] + torch.arange(g, device=cond.device))
             p = _unflatten(t.target.denoise(z[:, :g].flatten(0, 1), x_T.flatten(0, 1), eps.flatten(0, 1), s), M)
             c.update(nfe=M, head_chains=M * g, drafts=M * g)
             if cfg.mode == "released":  # rows advance in lockstep; re-read from the first replaced token on
