@@ -17,7 +17,6 @@ held-out noises) and the FLOPs of a student step against a teacher forward, both
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from bench.cache import Cache, config_key, teacher_key
 from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
+from bench.training import ema_decay, warmup_cosine
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method
 from teachers import ode_diffusion
@@ -134,10 +134,6 @@ def generate_trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed
     return Trajectories(**cache.get_or_build("ard-trajectories", key, build)[0])
 
 
-def _ema_decay(decay: float, k: int) -> float:
-    return min(decay, (1 + k) / (10 + k))  # warm-up: a short run is not averaged into its initial weights
-
-
 @METHODS.register("ard")
 class ARD(Method):
     """Autoregressive distillation: each student step sees the whole student trajectory so far (arXiv:2504.11295)."""
@@ -195,9 +191,7 @@ class ARD(Method):
         ema = self._new_student().requires_grad_(False)
         ema.load_state_dict(student.state_dict())
         opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
-        warmup = max(1, c.train_steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
-            1 + math.cos(math.pi * min(s, c.train_steps) / c.train_steps)))
+        sched = warmup_cosine(opt, c.train_steps)
         for k in range(c.train_steps):
             idx = torch.randint(len(inputs), (c.batch,), generator=g)
             loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
@@ -207,7 +201,7 @@ class ARD(Method):
             opt.step()
             sched.step()
             with torch.no_grad():
-                d = _ema_decay(c.ema, k)
+                d = ema_decay(c.ema, k)
                 for pe, ps in zip(ema.parameters(), student.parameters()):
                     pe.lerp_(ps, 1 - d)
         info = {"train_seconds": time.perf_counter() - t0, "train_loss": loss.item(),

@@ -16,7 +16,6 @@ Pairs and students are cached by everything that determines them.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from bench.cache import Cache, config_key, teacher_key
 from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
+from bench.training import ema_decay, warmup_cosine
 from methods.base import Method
 from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout
 from methods.dd_student import DDStudent
@@ -78,10 +78,9 @@ TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "seed")  
 
 
 def _ema_with_warmup(decay: float):
-    """EMA update whose decay ramps up as (1 + k) / (10 + k) to `decay`: a short training run is otherwise averaged
-    mostly into its initial weights (0.999 ** 150 = 0.86)."""
+    """AveragedModel's update with `bench.training.ema_decay`."""
     def avg(averaged: torch.Tensor, current: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        d = min(decay, (1 + int(k)) / (10 + int(k)))
+        d = ema_decay(decay, int(k))
         return d * averaged + (1 - d) * current
 
     return avg
@@ -134,9 +133,7 @@ class DD(Method):
             student = DDStudent(self.teacher.model, self.teacher.codebook.cpu()).cpu()
             ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
             opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-            warmup = max(1, cfg.train_steps // 20)
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
-                1 + math.cos(math.pi * min(s, cfg.train_steps) / cfg.train_steps)))
+            sched = warmup_cosine(opt, cfg.train_steps)
             timesteps = torch.tensor([1, self.t2])  # the trained set {t_1 = 1, t2} (paper: L = 2)
             tokens, noise, cond = pairs.tokens.long(), pairs.noise.float(), pairs.cond
             for _ in range(cfg.train_steps):

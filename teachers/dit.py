@@ -8,7 +8,6 @@ can cache them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

@@ -7,7 +7,6 @@ tokenizer), trained with condition dropout so classifier-free guidance works.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
@@ -16,15 +15,16 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache
 from bench.samples import Samples
+from bench.training import warmup_cosine
 from teachers import discrete_ar
+from teachers.recipes import RecipeTeacher
 from teachers.datasets import ImageDataset, caption_table, load_image_dataset
 from teachers.gpt import GPT, GPTConfig, KVCache
 from teachers.patch_vq import PatchQuantizer
 
 NULL, PAD, UNK = 0, 1, 2  # condition-vocabulary ids shared by both conditionings
-RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class ARState:
         return self.cache.length - self.cond_len
 
 
-class ImageARTeacher:
+class ImageARTeacher(RecipeTeacher):
     family: ClassVar[str] = discrete_ar.FAMILY
     recipe: ClassVar[ImageARRecipe]
     reference_method: ClassVar[str] = "ar"
@@ -100,14 +100,8 @@ class ImageARTeacher:
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod
-    def key(cls) -> str:
-        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
-
-    @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None) -> "ImageARTeacher":
-        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
-        if not cached and on_trained is not None:
-            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        blob = cls.cached_blob(name, cache, on_trained)
         model = GPT(GPTConfig(**blob["gpt"]))
         model.load_state_dict(blob["model"])
         vq = PatchQuantizer(blob["codebook"], **blob["vq"])
@@ -146,9 +140,7 @@ class ImageARTeacher:
         model = GPT(gcfg)
         tokens = vq.encode(train.images)  # (n, N)
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01, betas=(0.9, 0.95))
-        warmup = max(1, r.steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+        sched = warmup_cosine(opt, r.steps)
         model.train()
         for _ in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
             idx = torch.randint(len(tokens), (r.batch_size,), generator=g)

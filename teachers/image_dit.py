@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -17,13 +16,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache
 from bench.samples import Samples
+from bench.training import ema_decay, warmup_cosine
 from teachers import ode_diffusion
+from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
 from teachers.dit import DiT, DiTConfig
 
-RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class ImageDiTRecipe:
     seed: int = 0
 
 
-class ImageDiTTeacher:
+class ImageDiTTeacher(RecipeTeacher):
     family: ClassVar[str] = ode_diffusion.FAMILY
     recipe: ClassVar[ImageDiTRecipe]
     reference_method: ClassVar[str] = "ddim"
@@ -54,14 +54,8 @@ class ImageDiTTeacher:
         self.n_classes, self.dataset_name, self.image_size = c.n_classes, self.recipe.dataset, c.image_size
 
     @classmethod
-    def key(cls) -> str:
-        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
-
-    @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
-        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
-        if not cached and on_trained is not None:
-            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        blob = cls.cached_blob(name, cache, on_trained)
         model = DiT(DiTConfig(**blob["dit"]))
         model.load_state_dict(blob["state_dict"])
         return cls(name, model.to(device), blob["info"])
@@ -83,9 +77,7 @@ class ImageDiTTeacher:
         ema = copy.deepcopy(model).requires_grad_(False)
         ab = ode_diffusion.alpha_bar().float()
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0)
-        warmup = max(1, r.steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+        sched = warmup_cosine(opt, r.steps)
 
         def loss_of(m, images, labels, gen):
             t = torch.randint(ode_diffusion.TRAIN_STEPS, (len(images),), generator=gen)
@@ -103,8 +95,8 @@ class ImageDiTTeacher:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            with torch.no_grad():  # the warm-up keeps a short run from averaging mostly its initial weights
-                d = min(r.ema, (1 + step) / (10 + step))
+            with torch.no_grad():
+                d = ema_decay(r.ema, step)
                 for pe, pm in zip(ema.parameters(), model.parameters()):
                     pe.lerp_(pm, 1 - d)
         with torch.no_grad():

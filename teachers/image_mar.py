@@ -9,7 +9,6 @@ trained and cached together on first use.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -19,15 +18,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache
 from bench.samples import Samples
+from bench.training import warmup_cosine
 from teachers import continuous_ar
+from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
 from teachers.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
 from teachers.gpt import GPT, GPTConfig, RaggedKVCache
 
 NULL = 0  # the unconditional class id; class c is c + 1
-RECIPE_VERSION = 1  # bump when training code changes what a recipe produces
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class DiffusionAR(nn.Module):
                        final_std=sampling.final_std)
 
 
-class ImageMARTeacher:
+class ImageMARTeacher(RecipeTeacher):
     family: ClassVar[str] = continuous_ar.FAMILY
     recipe: ClassVar[ImageMARRecipe]
     reference_method: ClassVar[str] = "ar"
@@ -130,14 +130,8 @@ class ImageMARTeacher:
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod
-    def key(cls) -> str:
-        return config_key(dataclasses.asdict(cls.recipe), RECIPE_VERSION)
-
-    @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
-        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
-        if not cached and on_trained is not None:
-            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        blob = cls.cached_blob(name, cache, on_trained)
         models = {}
         for which in ("target", "draft"):
             m = DiffusionAR(GPTConfig(**blob[which]["gpt"]), HeadConfig(**blob[which]["head"]))
@@ -180,9 +174,7 @@ class ImageMARTeacher:
         r = cls.recipe
         g = torch.Generator().manual_seed(r.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.95))
-        warmup = max(1, r.steps // 20)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, r.steps) / r.steps)))
+        sched = warmup_cosine(opt, r.steps)
         model.train()
         for _ in tqdm(range(r.steps), desc=f"training {which} of {name}", unit="step", leave=False):
             idx = torch.randint(len(tokens), (r.batch_size,), generator=g)

@@ -1,0 +1,20 @@
+"""Training helpers shared by the teachers' recipes and the distillation methods (DD, ARD): one learning-rate
+schedule and one EMA warm-up, so every trained object in the suite follows the same conventions."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over the first 5 % of `steps`, then cosine decay to zero at `steps`."""
+    warmup = max(1, steps // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+
+
+def ema_decay(decay: float, k: int) -> float:
+    """The EMA decay at update k: (1 + k) / (10 + k) up to `decay`. A short run is otherwise averaged mostly into its
+    initial weights (0.999 ** 150 = 0.86)."""
+    return min(decay, (1 + k) / (10 + k))
