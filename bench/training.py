@@ -18,3 +18,20 @@ def ema_decay(decay: float, k: int) -> float:
     """The EMA decay at update k: (1 + k) / (10 + k) up to `decay`. A short run is otherwise averaged mostly into its
     initial weights (0.999 ** 150 = 0.86)."""
     return min(decay, (1 + k) / (10 + k))
+
+
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched, params, clip: float = 1.0) -> None:
+    """Backward, clip the gradient norm at `clip`, step the optimiser and the schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    sched.step()
+
+
+@torch.no_grad()
+def ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float, k: int) -> None:
+    """ema <- d ema + (1 - d) model, parameter by parameter, with d = ema_decay(decay, k)."""
+    d = ema_decay(decay, k)
+    for pe, pm in zip(ema.parameters(), model.parameters()):
+        pe.lerp_(pm, 1 - d)

@@ -31,7 +31,7 @@ from bench.cache import Cache, config_key, teacher_key
 from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
-from bench.training import ema_decay, warmup_cosine
+from bench.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method
 from teachers import ode_diffusion
@@ -195,15 +195,8 @@ class ARD(Method):
         for k in range(c.train_steps):
             idx = torch.randint(len(inputs), (c.batch,), generator=g)
             loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            with torch.no_grad():
-                d = ema_decay(c.ema, k)
-                for pe, ps in zip(ema.parameters(), student.parameters()):
-                    pe.lerp_(ps, 1 - d)
+            optimizer_step(loss, opt, sched, student.parameters())
+            ema_update(ema, student, c.ema, k)
         info = {"train_seconds": time.perf_counter() - t0, "train_loss": loss.item(),
                 "n_params": sum(p.numel() for p in student.parameters())}
         return {"state_dict": ema.state_dict(), "info": info}

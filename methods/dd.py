@@ -29,7 +29,7 @@ from bench.cache import Cache, config_key, teacher_key
 from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
-from bench.training import ema_decay, warmup_cosine
+from bench.training import ema_decay, optimizer_step, warmup_cosine
 from methods.base import Method
 from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout
 from methods.dd_student import DDStudent
@@ -145,11 +145,7 @@ class DD(Method):
                 ce = F.cross_entropy(logits[target], tokens[idx][target])
                 mse = F.mse_loss(emb[target], student.codebook[tokens[idx][target]])
                 loss = cfg.ce_weight * ce + mse
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-                opt.step()
-                sched.step()
+                optimizer_step(loss, opt, sched, student.parameters())
                 ema.update_parameters(student)
         info = {"train_seconds": time.perf_counter() - t0, "train_ce": ce.item(), "train_mse": mse.item(),
                 "n_params": sum(p.numel() for p in student.parameters())}

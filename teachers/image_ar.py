@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import warmup_cosine
+from bench.training import optimizer_step, warmup_cosine
 from teachers import discrete_ar
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import ImageDataset, caption_table, load_image_dataset
@@ -149,11 +149,7 @@ class ImageARTeacher(RecipeTeacher):
             cond[drop] = NULL
             logits = model(cond, tokens[idx])
             loss = F.cross_entropy(logits.reshape(-1, gcfg.vocab_size), tokens[idx].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, model.parameters())
         model.eval()
         with torch.no_grad():
             test_tokens = vq.encode(test.images)

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import ema_decay, warmup_cosine
+from bench.training import ema_update, optimizer_step, warmup_cosine
 from teachers import ode_diffusion
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
@@ -90,15 +90,8 @@ class ImageDiTTeacher(RecipeTeacher):
             idx = torch.randint(len(x), (r.batch_size,), generator=g)
             labels = torch.where(torch.rand(r.batch_size, generator=g) < r.label_dropout, cfg.n_classes, y[idx])
             loss = loss_of(model, x[idx], labels, g)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            with torch.no_grad():
-                d = ema_decay(r.ema, step)
-                for pe, pm in zip(ema.parameters(), model.parameters()):
-                    pe.lerp_(pm, 1 - d)
+            optimizer_step(loss, opt, sched, model.parameters())
+            ema_update(ema, model, r.ema, step)
         with torch.no_grad():
             test_loss = loss_of(ema, test.images * 2 - 1, test.labels, torch.Generator().manual_seed(r.seed)).item()
         info = {"train_loss": loss.item(), "test_loss": test_loss, "n_params": sum(p.numel() for p in ema.parameters()),

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import warmup_cosine
+from bench.training import optimizer_step, warmup_cosine
 from teachers import continuous_ar
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
@@ -181,11 +181,7 @@ class ImageMARTeacher(RecipeTeacher):
             cond = labels[idx, None] + 1
             cond[torch.rand(r.batch_size, generator=g) < r.cond_dropout] = NULL
             loss = model.loss(cond, tokens[idx], r.head_batch_mul, g)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, model.parameters())
         return loss.item()
 
     # ---- tokens <-> images ----------------------------------------------------------------------------------
