@@ -1,5 +1,5 @@
-"""Training helpers shared by the teachers' recipes and the distillation methods (DD, ARD): one learning-rate
-schedule and one EMA warm-up, so every trained object in the suite follows the same conventions."""
+"""Training helpers shared by the teachers' recipes and the distillation methods (DD, ARD): the learning-rate
+schedule, the optimiser step and the EMA, so every trained object in the suite follows the same conventions."""
 from __future__ import annotations
 
 import math
