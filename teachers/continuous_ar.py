@@ -4,7 +4,8 @@ A teacher holds two models of the same kind, `target` and `draft` (a smaller one
 raster-order causal transformer (`teachers.gpt`, continuous tokens in, a condition vector z per position out) and a
 per-token diffusion head (`teachers.diffusion_head`). A method talks to a model only through `ContinuousARModel`:
 `start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z of the next
-positions), `rollback` (per-row cache lengths) and `denoise` (run the head on given noise).
+positions), `rollback` (per-row cache lengths), `select` (drop finished rows) and `denoise` (run the head on given
+noise).
 
 All randomness of a token's denoising chain is drawn up front per image and position (`TokenNoise`), so the draft and
 the target can run the same chain on the same noise (CSpD's trajectory alignment) and the target-alone sampler
