@@ -28,7 +28,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
     """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers import DigitsARClass, DigitsARText, DigitsMARClass, FashionARClass, FashionARText
+    from teachers import DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass, FashionARText
     from teachers.image_mar import ModelSize
 
     for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
@@ -37,6 +37,8 @@ def tiny_recipe(monkeypatch):
     size = ModelSize(n_layer=1, n_head=2, n_embd=16, head_width=16, head_depth=1)
     monkeypatch.setattr(DigitsMARClass, "recipe", dataclasses.replace(DigitsMARClass.recipe, steps=10, batch_size=4,
                                                                       target=size, draft=size))
+    monkeypatch.setattr(DigitsDiTClass, "recipe", dataclasses.replace(DigitsDiTClass.recipe, steps=10, batch_size=8,
+                                                                      hidden=16, depth=2, heads=2))
 
 
 @pytest.fixture(scope="session")

@@ -75,6 +75,22 @@ def test_cspd_trial_end_to_end(tiny_recipe, store, tmp_path):
     assert {"target_test_loss", "draft_test_loss", "target_n_params"} <= set(trained.data.metrics)
 
 
+def test_ard_trial_end_to_end(tiny_recipe, store, tmp_path):
+    code = run_cli(store, tmp_path / "cache", "--teacher", "digits-dit-c2i", "--method", "ard", "--param", "steps=8",
+                   "--param", "n_traj=16", "--param", "train_steps=3", "--param", "batch=4", "--metric", "fid",
+                   "--n-samples", "6", "--batch-size", "3")
+    assert code == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m, p = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and p["reference"] == "ddim" and p["ref.steps"] == "8"
+    assert m["nfe_per_sample"] == 4 and m["ref/nfe_per_sample"] == 8 and m["speedup_steps"] == 2
+    for key in ("fid.digits-cnn", "ref/fid.digits-cnn", "fit/extra_flops_vs_teacher_step", "fit/coupling_mse",
+                "fit/teacher_forced_mse", "fit/student_gflops_per_step"):
+        assert key in m, key
+    assert m["fit/extra_flops_vs_teacher_step"] > 0  # N = 1 reads the history
+
+
 def test_every_image_metric_is_logged_under_its_extractor(tiny_recipe, store, cache_dir, capsys, monkeypatch):
     monkeypatch.delenv("ACCELBENCH_HPSV2_CHECKPOINT", raising=False)
     metrics = ("fid", "kid", "is", "precision", "recall", "clip", "hpsv2")
@@ -111,8 +127,8 @@ class OtherFamilyMethod(AR):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i"),
-    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, dd, jacobi"),
+    (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
+    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, fid"),
     (["--teacher", "digits-ar-t2i", "--method", "other"], "accepts: masked-diffusion-lm"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "windw=4"], "unknown knob 'windw'; valid:"),
