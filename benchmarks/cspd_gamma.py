@@ -116,8 +116,9 @@ def main() -> None:
             for gamma in args.gammas:
                 cfg = CSpDConfig(cfg=args.cfg, gamma=gamma, mode=mode, final_noise=mode == "exact")
                 r = _speed(teacher, cfg, batch, n)
-                print(f"| {mode} | {batch} | {gamma} | {r['alpha']:.3f} | {r['target_passes']:.1f} ({r['ar_passes']:.0f}) "
-                      f"| {r['draft_passes']:.1f} | {r['target_heads']:.1f} / {r['draft_heads']:.1f} | {r['exhausted']} "
+                print(f"| {mode} | {batch} | {gamma} | {r['alpha']:.3f} "
+                      f"| {r['target_passes']:.1f} ({r['ar_passes']:.0f}) | {r['draft_passes']:.1f} "
+                      f"| {r['target_heads']:.1f} / {r['draft_heads']:.1f} | {r['exhausted']} "
                       f"| {r['wall_speedup']:.2f}x | {r['sec_per_image']:.3f} ({r['ar_sec_per_image']:.3f}) |",
                       flush=True)
     if args.two_sample:

@@ -211,7 +211,8 @@ class ARD(Method):
             with FlopCounterMode(display=False) as teacher:
                 t.model(x, torch.zeros(1, dtype=torch.long), y)
         per_step = student.get_total_flops() / self.config.student_steps
-        return {"student_gflops_per_step": per_step / 1e9, "teacher_gflops_per_forward": teacher.get_total_flops() / 1e9,
+        return {"student_gflops_per_step": per_step / 1e9,
+                "teacher_gflops_per_forward": teacher.get_total_flops() / 1e9,
                 "extra_flops_vs_teacher_step": per_step / teacher.get_total_flops() - 1}
 
     @torch.inference_mode()

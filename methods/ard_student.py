@@ -4,8 +4,9 @@ a copy of the teacher DiT that predicts the next point of the teacher's ODE traj
 The S inputs x_{tau_S} (noise), x_{tau_{S-1}}, .. go through the teacher's shared patch embedding and positions; each
 input's tokens carry its own time: `adaln_tokenwise` (the released code: token-wise adaLN condition
 t_emb(t_k) + y_emb(y)) or `additive` (the paper's other reading: t_emb(t_k) added to the tokens like VAR's level
-embedding, adaLN on y_emb(y) alone). Only the lower N blocks read the history, under mask M1 (self only: step distillation), M2 (previous input +
-self), M3 (noise + self) or M4 (all earlier inputs: ARD's default); the upper blocks see the current input alone.
+embedding, adaLN on y_emb(y) alone). Only the lower N blocks read the history, under mask M1 (self only: step
+distillation), M2 (previous input + self), M3 (noise + self) or M4 (all earlier inputs: ARD's default); the upper
+blocks see the current input alone.
 One output head per step, each a copy of the teacher's final layer.
 
 `forward` is the teacher-forced pass (all S inputs at once under a block mask); `step` is one sampling step that

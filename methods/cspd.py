@@ -2,8 +2,9 @@
 
 The draft drafts gamma tokens; the target reads them in one transformer pass and runs its diffusion head on the same
 noise per position (trajectory alignment: shared x_T and eps_t); a draft token x is accepted with probability
-min(1, r), r = Sigma * p(x | x_1^p) / q(x | x_1^q) (the last denoising step's Gaussians, Eq. 9); a rejected token is
-resampled from max(0, Sigma p - q) by acceptance-rejection with the target's last-step Gaussian as the proposal (Eq. 13).
+min(1, r), r = Sigma * p(x | x_1^p) / q(x | x_1^q) (the last denoising step's Gaussians, Eq. 9); a rejected token
+is resampled from max(0, Sigma p - q) by acceptance-rejection with the target's last-step Gaussian as the proposal
+(Eq. 13).
 The first floor(N * prefill) + 1 tokens come from the target alone (token pre-filling, the released code's count).
 
 Three modes (shared/notes/cspd_continuous_speculative_decoding.md, Sec. 1.7, 6, 7):

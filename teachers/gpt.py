@@ -144,7 +144,8 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd) if cfg.vocab_size else nn.Linear(cfg.token_dim, cfg.n_embd)
+        self.tok_emb = (nn.Embedding(cfg.vocab_size, cfg.n_embd) if cfg.vocab_size
+                        else nn.Linear(cfg.token_dim, cfg.n_embd))
         self.cond_emb = nn.Embedding(cfg.cond_vocab, cfg.n_embd)
         self.pos_emb = nn.Embedding(cfg.cond_len + cfg.seq_len, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)

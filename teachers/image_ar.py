@@ -119,13 +119,6 @@ class ImageARTeacher(RecipeTeacher):
         return table, len(vocab)
 
     @classmethod
-    def _train(cls, name: str) -> dict:
-        # Parameter init and dropout draw from torch's global generator: seed it, but leave the caller's state as it was.
-        with torch.random.fork_rng():
-            torch.manual_seed(cls.recipe.seed)
-            return cls._fit(name)
-
-    @classmethod
     def _fit(cls, name: str) -> dict:
         r = cls.recipe
         t0 = time.perf_counter()

@@ -61,12 +61,6 @@ class ImageDiTTeacher(RecipeTeacher):
         return cls(name, model.to(device), blob["info"])
 
     @classmethod
-    def _train(cls, name: str) -> dict:
-        with torch.random.fork_rng():  # parameter init draws from the global generator
-            torch.manual_seed(cls.recipe.seed)
-            return cls._fit(name)
-
-    @classmethod
     def _fit(cls, name: str) -> dict:
         r, t0 = cls.recipe, time.perf_counter()
         train = load_image_dataset(r.dataset, "train", r.image_size)

@@ -140,26 +140,24 @@ class ImageMARTeacher(RecipeTeacher):
         return cls(name, models["target"], models["draft"], blob["info"])
 
     @classmethod
-    def _train(cls, name: str) -> dict:
-        with torch.random.fork_rng():  # parameter init draws from the global generator
-            torch.manual_seed(cls.recipe.seed)
-            r, t0 = cls.recipe, time.perf_counter()
-            train = load_image_dataset(r.dataset, "train", r.image_size)
-            test = load_image_dataset(r.dataset, "test", r.image_size)
-            blob, info = {}, {}
-            for which in ("target", "draft"):
-                model = cls._model(getattr(r, which), len(train.class_names))
-                train_loss = cls._fit(name, which, model, cls.patchify(train.images), train.labels)
-                model.eval()
-                with torch.no_grad():
-                    g = torch.Generator().manual_seed(r.seed)
-                    test_loss = model.loss(test.labels[:, None] + 1, cls.patchify(test.images), 4, g).item()
-                blob[which] = {"gpt": dataclasses.asdict(model.gpt.cfg), "head": dataclasses.asdict(model.head.cfg),
-                               "state_dict": model.state_dict()}
-                info |= {f"{which}_train_loss": train_loss, f"{which}_test_loss": test_loss,
-                         f"{which}_n_params": model.n_params}
-            blob["info"] = info | {"train_seconds": time.perf_counter() - t0}
-            return blob
+    def _fit(cls, name: str) -> dict:
+        r, t0 = cls.recipe, time.perf_counter()
+        train = load_image_dataset(r.dataset, "train", r.image_size)
+        test = load_image_dataset(r.dataset, "test", r.image_size)
+        blob, info = {}, {}
+        for which in ("target", "draft"):
+            model = cls._model(getattr(r, which), len(train.class_names))
+            train_loss = cls._fit_model(name, which, model, cls.patchify(train.images), train.labels)
+            model.eval()
+            with torch.no_grad():
+                g = torch.Generator().manual_seed(r.seed)
+                test_loss = model.loss(test.labels[:, None] + 1, cls.patchify(test.images), 4, g).item()
+            blob[which] = {"gpt": dataclasses.asdict(model.gpt.cfg), "head": dataclasses.asdict(model.head.cfg),
+                           "state_dict": model.state_dict()}
+            info |= {f"{which}_train_loss": train_loss, f"{which}_test_loss": test_loss,
+                     f"{which}_n_params": model.n_params}
+        blob["info"] = info | {"train_seconds": time.perf_counter() - t0}
+        return blob
 
     @classmethod
     def _model(cls, size: ModelSize, n_classes: int) -> DiffusionAR:
@@ -170,7 +168,8 @@ class ImageMARTeacher(RecipeTeacher):
         return DiffusionAR(gpt, HeadConfig(D, size.n_embd, size.head_width, size.head_depth, clip=1.0))
 
     @classmethod
-    def _fit(cls, name: str, which: str, model: DiffusionAR, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    def _fit_model(cls, name: str, which: str, model: DiffusionAR, tokens: torch.Tensor,
+                   labels: torch.Tensor) -> float:
         r = cls.recipe
         g = torch.Generator().manual_seed(r.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.95))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar
 
+import torch
+
 from bench.cache import Cache, config_key
 
 
@@ -17,8 +19,15 @@ class RecipeTeacher:
         return config_key(dataclasses.asdict(cls.recipe), cls.recipe_version)
 
     @classmethod
-    def _train(cls, name: str) -> dict:
+    def _fit(cls, name: str) -> dict:
+        """Train from the recipe: {..., "info": {figures to log}}."""
         raise NotImplementedError
+
+    @classmethod
+    def _train(cls, name: str) -> dict:
+        with torch.random.fork_rng():  # parameter init and dropout draw from the global generator; leave it as it was
+            torch.manual_seed(cls.recipe.seed)
+            return cls._fit(name)
 
     @classmethod
     def cached_blob(cls, name: str, cache: Cache, on_trained: Callable | None) -> dict:
