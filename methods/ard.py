@@ -10,7 +10,8 @@ Pipeline (shared/notes/ard_autoregressive_distillation_dit.md 1.2-1.4):
    pass; inputs after the noise and the targets are the teacher's x_0-predictions at the knots (`x0hat`, the paper's
    ImageNet default) or the states themselves (`xt`); the last target is the teacher's sample. MSE averaged over
    the S steps, AdamW (wd 0), gradient clip 1, EMA; cached;
-3. sampling: S steps from noise with a KV cache in the lower N blocks, no CFG (distilled in).
+3. optionally (`gan_steps` > 0) the R+D discriminator fine-tune (`methods.ard_gan`);
+4. sampling: S steps from noise with a KV cache in the lower N blocks, no CFG (distilled in).
 `fit` also logs the coupling error (the student's sample against the teacher's K-step sample from the same noise,
 held-out noises) and the FLOPs of a student step against a teacher forward, both measured.
 """
@@ -32,9 +33,11 @@ from bench.errors import UserError
 from bench.registry import METHODS
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, warmup_cosine
+from methods.ard_gan import finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method
 from teachers import ode_diffusion
+from teachers.datasets import load_image_dataset
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
 HELD_OUT = 256  # noises for the coupling error
@@ -54,6 +57,11 @@ class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's traj
     lr: float = 1e-3
     ema: float = 0.999
     seed: int = 0
+    # R+D (`methods.ard_gan`): discriminator fine-tune steps after the regression, 0 = off (the paper's default)
+    gan_steps: int = 0
+    gan_weight: float = 10.0  # ld, the multiplier of the adaptive weight
+    gan_warmup: int = 0  # first R+D steps with weight 0 (the released code: 3000)
+    disc_lr: float = 1e-3
 
     def __post_init__(self):
         super().__post_init__()
@@ -64,11 +72,13 @@ class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's traj
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not 1 <= self.student_steps <= self.steps:
             raise ValueError(f"student_steps must be in [1, steps={self.steps}], got {self.student_steps}")
-        for name in ("history_layers", "n_traj", "train_steps", "batch"):
-            if getattr(self, name) < (0 if name == "history_layers" else 1):
-                raise ValueError(f"{name} must be >= {0 if name == 'history_layers' else 1}, got {getattr(self, name)}")
-        if not (self.lr > 0 and 0 <= self.ema < 1):
-            raise ValueError(f"need lr > 0 and 0 <= ema < 1, got {self.lr}, {self.ema}")
+        for name in ("history_layers", "n_traj", "train_steps", "batch", "gan_steps", "gan_warmup"):
+            low = 1 if name in ("n_traj", "train_steps", "batch") else 0
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if not (self.lr > 0 and self.disc_lr > 0 and self.gan_weight >= 0 and 0 <= self.ema < 1):
+            raise ValueError(f"need lr, disc_lr > 0, gan_weight >= 0 and 0 <= ema < 1, got {self.lr}, {self.disc_lr}, "
+                             f"{self.gan_weight}, {self.ema}")
 
     @property
     def sampling(self) -> ode_diffusion.SamplingConfig:
@@ -163,7 +173,8 @@ class ARD(Method):
         trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.seed, cache=cache)
         held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.seed + 1, cache=cache)
         traj_seconds = time.perf_counter() - t0
-        knobs = {k: v for k, v in dataclasses.asdict(c).items()}
+        gan = ("gan_steps", "gan_weight", "gan_warmup", "disc_lr")  # without R+D they change nothing
+        knobs = {k: v for k, v in dataclasses.asdict(c).items() if c.gan_steps or k not in gan}
         if key is None:
             blob, cached = self._train(trajs), False
         else:
@@ -197,8 +208,15 @@ class ARD(Method):
             loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
             optimizer_step(loss, opt, sched, student.parameters())
             ema_update(ema, student, c.ema, k)
-        info = {"train_seconds": time.perf_counter() - t0, "train_loss": loss.item(),
-                "n_params": sum(p.numel() for p in student.parameters())}
+        info = {"train_loss": loss.item(), "n_params": sum(p.numel() for p in student.parameters())}
+        if c.gan_steps:
+            t = self.teacher
+            real = load_image_dataset(t.dataset_name, "train", t.image_size)
+            info |= finetune(student, t.model, inputs, targets, y, real.images * 2 - 1, real.labels,
+                             steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr, scale=c.gan_weight,
+                             warmup=c.gan_warmup, generator=g,
+                             on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))
+        info["train_seconds"] = time.perf_counter() - t0
         return {"state_dict": ema.state_dict(), "info": info}
 
     def _flops(self) -> dict[str, float]:

@@ -118,3 +118,23 @@ def test_ddim_trajectory_and_reference_sampler():
     s = ode_diffusion.SamplingConfig(steps=5, cfg=1.5)
     out = ode_diffusion.sample_ddim(teacher, cond, s, generator=torch.Generator().manual_seed(1))
     assert torch.equal(out.data, tr.states[-1]) and out.counters["nfe"] == 4 * 5  # deterministic given the noise
+
+
+def test_discriminator_finetune_runs_and_its_adaptive_weight_is_the_gradient_ratio(tmp_path):
+    from methods.ard_gan import Discriminator, adaptive_weight
+
+    teacher = tiny_dit_teacher()
+    disc = Discriminator(teacher.model)
+    x, y = torch.randn(3, 1, 8, 8), torch.tensor([1, 2, 3])
+    assert disc(x, y).shape == (3, teacher.model.cfg.depth * teacher.model.cfg.tokens)
+    assert not any(p.requires_grad for p in disc.teacher.parameters())  # the teacher stays frozen
+    w = torch.randn(4, requires_grad=True)
+    loss_r, loss_g = (w * 2).sum(), (w * 0.5).sum()  # gradients 2 and 0.5 per entry: norms 4 and 1
+    assert adaptive_weight(loss_r, loss_g, w, 10.0).item() == pytest.approx(10 * 4 / (1 + 1e-4))
+    knobs = dict(steps=4, student_steps=2, n_traj=16, train_steps=2, batch=4)
+    plain = ARD(teacher, ARDConfig(**knobs))
+    gan = ARD(teacher, ARDConfig(gan_steps=2, gan_warmup=1, **knobs))
+    info = gan.fit(cache=Cache(tmp_path))
+    plain.fit(cache=Cache(tmp_path))
+    assert {"gan_loss_r", "gan_loss_g", "gan_loss_d", "gan_weight"} <= set(info) and info["gan_weight"] > 0
+    assert not torch.equal(gan.student.heads[-1].linear.weight, plain.student.heads[-1].linear.weight)

@@ -1,0 +1,75 @@
+"""ARD's optional discriminator fine-tune, R+D (Kim et al., arXiv:2504.11295, App. B.1; shared/notes/
+ard_autoregressive_distillation_dit.md 1.5).
+
+The frozen teacher DiT is the feature extractor: one discriminator head per teacher block reads that block's tokens
+and gives token-wise logits (a small spectrally normalised MLP here; the released code's heads are 1-D convolutions
+with local batch norm). Hinge loss on the student's final prediction against real images. The generator loss is
+L_R + w L_G with the adaptive weight of Esser et al., w = ld * ||grad_W L_R|| / (||grad_W L_G|| + 1e-4) clamped to
+[0, 1e4] at the last head's weight W, and w = 0 for the first `warmup` steps (the released code: ld 10, 3000 steps).
+Which noise level the teacher sees the images at is not released; here it reads them clean (t = 0), a stated choice.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils.parametrizations import spectral_norm
+
+from teachers.dit import DiT
+
+
+class Discriminator(nn.Module):
+    """Token-wise logits from every block of a frozen teacher DiT: (B, C, H, W), y (B,) -> (B, depth * L)."""
+
+    def __init__(self, teacher: DiT):
+        super().__init__()
+        self.teacher = teacher.eval().requires_grad_(False)
+        d = teacher.cfg.hidden
+        self.heads = nn.ModuleList(nn.Sequential(spectral_norm(nn.Linear(d, d)), nn.LeakyReLU(0.2),
+                                                 spectral_norm(nn.Linear(d, 1))) for _ in teacher.blocks)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        t = self.teacher
+        h, c = t.embed(x), t.cond(torch.zeros_like(y), y)
+        logits = []
+        for block, head in zip(t.blocks, self.heads):
+            h, _ = block(h, c)
+            logits.append(head(h)[..., 0])  # (B, L)
+        return torch.cat(logits, 1)
+
+
+def adaptive_weight(loss_r: torch.Tensor, loss_g: torch.Tensor, last: torch.Tensor, scale: float) -> torch.Tensor:
+    """scale * ||grad L_R|| / (||grad L_G|| + 1e-4) at the parameter `last`, clamped to [0, 1e4] first."""
+    g_r = torch.autograd.grad(loss_r, last, retain_graph=True)[0]
+    g_g = torch.autograd.grad(loss_g, last, retain_graph=True)[0]
+    return (g_r.norm() / (g_g.norm() + 1e-4)).clamp(0, 1e4).detach() * scale
+
+
+def finetune(student, teacher: DiT, inputs, targets, y, real, real_y, *, steps: int, batch: int, lr: float,
+             disc_lr: float, scale: float, warmup: int, generator: torch.Generator, on_step=None) -> dict[str, float]:
+    """R+D: `steps` generator/discriminator steps on the trajectories (inputs/targets (n, S, C, H, W), classes y)
+    and real images `real` (m, C, H, W) in [-1, 1] of classes real_y. `on_step(k)` runs after each student step."""
+    disc = Discriminator(teacher)
+    opt_g = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
+    opt_d = torch.optim.AdamW(disc.heads.parameters(), lr=disc_lr, weight_decay=0.0)
+    last = student.heads[-1].linear.weight
+    for k in range(steps):
+        idx = torch.randint(len(inputs), (batch,), generator=generator)
+        pred = student(inputs[idx], y[idx])
+        loss_r = F.mse_loss(pred, targets[idx])
+        loss_g = -disc(pred[:, -1], y[idx]).mean()
+        w = adaptive_weight(loss_r, loss_g, last, scale) if k >= warmup else torch.zeros(())
+        opt_g.zero_grad(set_to_none=True)
+        (loss_r + w * loss_g).backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt_g.step()
+        if on_step is not None:
+            on_step(k)
+        real_idx = torch.randint(len(real), (batch,), generator=generator)
+        loss_d = (F.relu(1 - disc(real[real_idx], real_y[real_idx])).mean()  # hinge loss
+                  + F.relu(1 + disc(pred[:, -1].detach(), y[idx])).mean())
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        opt_d.step()
+    return {"gan_loss_r": loss_r.item(), "gan_loss_g": loss_g.item(), "gan_loss_d": loss_d.item(),
+            "gan_weight": float(w)}
