@@ -71,8 +71,6 @@ class ModelState(Protocol):
 
 
 class ContinuousARModel(Protocol):
-    n_params: int
-
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[ModelState, torch.Tensor]:
         """Prefill the condition (B, P); returns the state and z of the first token, (B, branches, d)."""
 

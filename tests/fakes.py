@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from teachers import discrete_ar
+from teachers import continuous_ar, discrete_ar
 
 
 @dataclass
@@ -123,12 +123,9 @@ class LinearGaussianModel:
     depends on the prefix (AR(1) correlation rho) and the draft's Sigma factor differs from the target's.
     """
 
-    n_params = 0
-
     def __init__(self, seq_len, dim, rho, offsets, uncond, lam, sigma_scale):
         self.seq_len, self.dim, self.rho = seq_len, dim, rho
         self.offsets, self.uncond, self.lam, self.sigma_scale = offsets, uncond, lam, sigma_scale
-        self.calls = 0  # forward passes ("transformer" calls), for counting checks
 
     def _z(self, state, prev):  # prev (B, L, D) -> (B, L, branches, D)
         c = self.offsets[state.cond][:, None, :] + self.rho * prev
@@ -138,7 +135,6 @@ class LinearGaussianModel:
     def start(self, cond, *, cfg):
         B = len(cond)
         state = _ChainState(torch.zeros(B, self.seq_len, self.dim), torch.zeros(B, dtype=torch.long), cond[:, 0], cfg)
-        self.calls += 1
         return state, self._z(state, torch.zeros(B, 1, self.dim))[:, 0]
 
     def extend(self, state, tokens):
@@ -146,7 +142,6 @@ class LinearGaussianModel:
         pos = state.length[:, None] + torch.arange(L)
         state.tokens[torch.arange(B)[:, None], pos] = tokens
         state.length = state.length + L
-        self.calls += 1
         return self._z(state, tokens)
 
     def rollback(self, state, lengths):
@@ -176,9 +171,7 @@ class LinearGaussianModel:
 class LinearGaussianAR:
     """A continuous-AR teacher of two `LinearGaussianModel`s: target and a deliberately different draft."""
 
-    from teachers import continuous_ar as _family
-
-    family: ClassVar[str] = _family.FAMILY
+    family: ClassVar[str] = continuous_ar.FAMILY
 
     def __init__(self, seq_len=3, dim=1, grid=(1, 3), draft_shift=0.3, draft_sigma=1.3, same=False, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -198,7 +191,7 @@ class LinearGaussianAR:
         return [f"class {int(c)}" for c in cond[:, 0]]
 
     def sample(self, cond, *, generator, sampling):
-        return self._family.sample_ar(self, cond, sampling, generator=generator)
+        return continuous_ar.sample_ar(self, cond, sampling, generator=generator)
 
 
 def tiny_mar_teacher(seed=0, same=False):
