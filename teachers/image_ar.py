@@ -119,7 +119,7 @@ class ImageARTeacher(RecipeTeacher):
         return table, len(vocab)
 
     @classmethod
-    def _fit(cls, name: str) -> dict:
+    def _fit(cls, name: str, cache: Cache) -> dict:
         r = cls.recipe
         t0 = time.perf_counter()
         train = load_image_dataset(r.dataset, "train", r.image_size)

@@ -61,7 +61,7 @@ class ImageDiTTeacher(RecipeTeacher):
         return cls(name, model.to(device), blob["info"])
 
     @classmethod
-    def _fit(cls, name: str) -> dict:
+    def _fit(cls, name: str, cache: Cache) -> dict:
         r, t0 = cls.recipe, time.perf_counter()
         train = load_image_dataset(r.dataset, "train", r.image_size)
         test = load_image_dataset(r.dataset, "test", r.image_size)

@@ -19,20 +19,21 @@ class RecipeTeacher:
         return config_key(dataclasses.asdict(cls.recipe), cls.recipe_version)
 
     @classmethod
-    def _fit(cls, name: str) -> dict:
-        """Train from the recipe: {..., "info": {figures to log}}."""
+    def _fit(cls, name: str, cache: Cache) -> dict:
+        """Train from the recipe: {..., "info": {figures to log}}. `cache` holds what training builds on (e.g. a text
+        corpus' tokenizer), not the result."""
         raise NotImplementedError
 
     @classmethod
-    def _train(cls, name: str) -> dict:
+    def _train(cls, name: str, cache: Cache) -> dict:
         with torch.random.fork_rng():  # parameter init and dropout draw from the global generator; leave it as it was
             torch.manual_seed(cls.recipe.seed)
-            return cls._fit(name)
+            return cls._fit(name, cache)
 
     @classmethod
     def cached_blob(cls, name: str, cache: Cache, on_trained: Callable | None) -> dict:
         """The trained blob of this recipe: from the cache, or trained now (and reported to `on_trained`)."""
-        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name))
+        blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name, cache))
         if not cached and on_trained is not None:
             on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
         return blob

@@ -41,14 +41,14 @@ def test_classifier_accuracy_and_shapes(classifier, images):
 def test_second_load_reads_the_cache(cache, classifier, images, monkeypatch):
     monkeypatch.setattr(extractors, "_train", lambda recipe: pytest.fail("retrained although cached"))
     again = load_classifier("digits", 16, cache=cache, device=CPU)
-    assert again.info["cached"] and not classifier.info["cached"]
+    assert again.info["cached"]  # the fixture's build may come from an earlier test sharing the session cache
     assert torch.equal(again.features(images["test"]), classifier.features(images["test"]))
 
 
 def test_training_is_deterministic_and_leaves_global_rng_alone(tmp_path, classifier):
     rng = torch.get_rng_state()
     rebuilt = load_classifier("digits", 16, cache=Cache(tmp_path), device=CPU)
-    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(torch.get_rng_state(), rng) and not rebuilt.info["cached"]
     a, b = classifier.state_dict(), rebuilt.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
