@@ -1,26 +1,70 @@
 """Content-addressed on-disk cache for trained teachers, students, trajectories and reference statistics.
 
-Entries live at `<root>/<kind>/<key>.pt`. Writes go to a temp file in the same directory and are renamed into
-place, so an interrupted build never leaves a file that a later run would load.
+Entries live at `<root>/<kind>/<key>.pt`: a header line naming the kind, the key, the payload's size and sha256, then
+the `torch.save` payload. A file whose header does not match its name or its payload (truncated, corrupted, written
+by another version) is reported on stderr, deleted and rebuilt, never loaded. Writes go to a temp file in the same
+directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM, SIGKILL) never leaves an entry; a
+build holds an exclusive lock on `<key>.lock`, so processes building the same key at once produce one entry.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import io
 import json
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 DEFAULT_ROOT = Path(os.environ.get("ACCELBENCH_CACHE", Path.home() / ".cache" / "accelbench"))
+MAGIC = b"ACCELBENCH-CACHE/1\n"
 
 
 def config_key(*parts: Any) -> str:
     """Hash of JSON-serialisable parts (configs as dicts, versions); the cache key of what they determine."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+class CorruptEntry(Exception):
+    """A cache file that is not a complete, matching entry."""
+
+
+def encode(kind: str, key: str, obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = buf.getvalue()
+    header = {"kind": kind, "key": key, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def decode(kind: str, key: str, data: bytes) -> Any:
+    """The object in an entry's bytes; `CorruptEntry` saying what is wrong unless every check passes."""
+    if not data.startswith(MAGIC):
+        raise CorruptEntry("no AccelBench cache header (truncated, or written by an older version)")
+    line, newline, payload = data[len(MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(line) if newline else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise CorruptEntry("unreadable header")
+    if (header.get("kind"), header.get("key")) != (kind, key):
+        raise CorruptEntry(f"header names {header.get('kind')}/{header.get('key')}")
+    if header.get("bytes") != len(payload):
+        raise CorruptEntry(f"payload is {len(payload)} bytes, header says {header.get('bytes')}")
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise CorruptEntry("payload checksum mismatch")
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    except Exception as exc:  # a checksummed payload this code cannot unpickle (e.g. a renamed class)
+        raise CorruptEntry(f"payload does not load: {type(exc).__name__}: {exc}") from None
 
 
 class Cache:
@@ -31,10 +75,18 @@ class Cache:
         return self.root / kind / f"{key}.pt"
 
     def load(self, kind: str, key: str) -> Any | None:
+        """The entry, or None when there is none; a corrupt entry is reported, deleted and treated as missing."""
         path = self.path(kind, key)
-        if not path.exists():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
             return None
-        return torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            return decode(kind, key, data)
+        except CorruptEntry as exc:
+            print(f"accelbench: cache entry {path} is corrupt ({exc}); deleting it and rebuilding", file=sys.stderr)
+            path.unlink(missing_ok=True)
+            return None
 
     def save(self, kind: str, key: str, obj: Any) -> Path:
         path = self.path(kind, key)
@@ -42,7 +94,7 @@ class Cache:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                torch.save(obj, fh)
+                fh.write(encode(kind, key, obj))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -51,14 +103,53 @@ class Cache:
             raise
         return path
 
+    @contextlib.contextmanager
+    def lock(self, kind: str, key: str, wait: bool = True) -> Iterator[bool]:
+        """Exclusive across processes (flock: released by the kernel when its holder dies, even by SIGKILL). Yields
+        whether the lock is held: always with `wait`, False without it when another process holds it."""
+        path = self.path(kind, key).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def get_or_build(self, kind: str, key: str, build: Callable[[], Any]) -> tuple[Any, bool]:
         """Return (object, was_cached)."""
         obj = self.load(kind, key)
         if obj is not None:
             return obj, True
-        obj = build()
-        self.save(kind, key, obj)
+        with self.lock(kind, key):
+            obj = self.load(kind, key)  # built by another process while this one waited for the lock
+            if obj is not None:
+                return obj, True
+            obj = build()
+            self.save(kind, key, obj)
         return obj, False
+
+    def check(self) -> list[str]:
+        """Delete what killed builds left (temp files no live build holds the lock of) and corrupt entries; one line
+        per file removed."""
+        removed = []
+        for tmp in sorted(self.root.glob("*/.*.tmp")):
+            key = tmp.name[1:].split(".", 1)[0]
+            with self.lock(tmp.parent.name, key, wait=False) as free:
+                if free:
+                    tmp.unlink(missing_ok=True)
+                    removed.append(f"{tmp}: temp file of an interrupted build")
+        for path in sorted(self.root.glob("*/*.pt")):
+            try:
+                decode(path.parent.name, path.stem, path.read_bytes())
+            except CorruptEntry as exc:
+                path.unlink(missing_ok=True)
+                removed.append(f"{path}: corrupt ({exc})")
+        return removed
 
 
 def teacher_key(teacher) -> str | None:
