@@ -4,7 +4,8 @@ Entries live at `<root>/<kind>/<key>.pt`: a header line naming the kind, the key
 the `torch.save` payload. A file whose header does not match its name or its payload (truncated, corrupted, written
 by another version) is reported on stderr, deleted and rebuilt, never loaded. Writes go to a temp file in the same
 directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM, SIGKILL) never leaves an entry; a
-build holds an exclusive lock on `<key>.lock`, so processes building the same key at once produce one entry.
+build holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes building one key at once build it
+once.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ class Cache:
     def lock(self, kind: str, key: str, wait: bool = True) -> Iterator[bool]:
         """Exclusive across processes (flock: released by the kernel when its holder dies, even by SIGKILL). Yields
         whether the lock is held: always with `wait`, False without it when another process holds it."""
-        path = self.path(kind, key).with_suffix(".lock")
+        path = self.root / ".locks" / f"{kind}-{key}.lock"  # apart from the entries: a kind's folder holds only those
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as fh:
             try:
