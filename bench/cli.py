@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
 from bench.errors import UserError
 
@@ -46,7 +48,8 @@ def cmd_run(args) -> int:
     for m in checked.metrics:
         if m.unavailable:
             print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
-    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress,
+                      time_budget=args.time_budget, memory_budget=args.memory_budget)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, args.experiment)
     metrics = run_trial(trial, cache=Cache(args.cache_dir), tracker=tracker, opts=opts)
@@ -57,24 +60,25 @@ def cmd_run(args) -> int:
 
 
 def format_result(method: str, reference: str, m: dict[str, float]) -> str:
-    """A small markdown table: the method arm against the reference arm of the same run."""
-    quality = sorted(k for k in m if "." in k and not k.startswith(("ref/", "fit/")))
+    """A small markdown table: the method arm, the reference arm and any extra baseline arm of the same run; speed-ups
+    are against the reference arm."""
+    quality = sorted(k for k in m if "." in k and "/" not in k)
+    extra = sorted({k.split("/")[0] for k in m if k.endswith("/nfe_per_sample")} - {"ref"})
     head = ["arm", "NFE/sample", "tokens/step", "ms/sample (median)", "speed-up wall", "speed-up steps", *quality]
     rows = []
-    for arm, prefix in ((method, ""), (f"{reference} (reference)", "ref/")):
+    ref_sec, ref_nfe = m["ref/sec_per_sample_median"], m["ref/nfe_per_sample"]
+    for arm, prefix in ((method, ""), (f"{reference} (reference)", "ref/"), *((a, f"{a}/") for a in extra)):
         rows.append([arm, f"{m[prefix + 'nfe_per_sample']:.1f}", f"{m[prefix + 'step_compression']:.2f}",
                      f"{1000 * m[prefix + 'sec_per_sample_median']:.1f}",
-                     f"{m['speedup_wall']:.2f}x" if not prefix else "1.00x",
-                     f"{m['speedup_steps']:.2f}x" if not prefix else "1.00x",
-                     *(f"{m[prefix + q]:.2f}" for q in quality)])
+                     f"{ref_sec / m[prefix + 'sec_per_sample_median']:.2f}x",
+                     f"{ref_nfe / m[prefix + 'nfe_per_sample']:.2f}x",
+                     *(f"{m.get(prefix + q, float('nan')):.2f}" for q in quality)])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def cmd_suite(args) -> int:
-    from pathlib import Path
-
     from bench.cache import Cache
     from bench.runner import RunOptions
     from bench.suite import load_suite, run_suite
@@ -82,7 +86,8 @@ def cmd_suite(args) -> int:
     from reports.report import write_report
 
     suite = load_suite(args.file)  # every trial validated before anything runs
-    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress)
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress,
+                      time_budget=args.time_budget, memory_budget=args.memory_budget)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, suite.experiment)
     ran, skipped = run_suite(suite, tracker=tracker, cache=Cache(args.cache_dir), opts=opts, force=args.force)
@@ -94,8 +99,6 @@ def cmd_suite(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from pathlib import Path
-
     from bench.tracking import tracking_uri
     from reports.report import write_report
 
@@ -114,7 +117,8 @@ def _sweep_context(args, workers: int):
 
     spec = load_spec(args.spec, n_trials=args.n_trials)
     storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
-    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=False)
+    opts = RunOptions(warmup=args.warmup, threads=args.threads, progress=False, time_budget=args.time_budget,
+                      memory_budget=args.memory_budget)
     tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
     return spec, storage, tracker, Cache(args.cache_dir), opts
 
@@ -122,7 +126,8 @@ def _sweep_context(args, workers: int):
 def _worker_argv(args, storage_url: str) -> list[str]:
     argv = [sys.executable, "-m", "bench.cli", "worker", args.spec, "--storage", storage_url,
             "--heartbeat", str(args.heartbeat), "--grace", str(args.grace), "--threads", str(args.threads),
-            "--warmup", str(args.warmup)]
+            "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
+            "--memory-budget", str(args.memory_budget)]
     for flag, value in (("--n-trials", args.n_trials), ("--tracking-uri", args.tracking_uri),
                         ("--cache-dir", args.cache_dir)):
         if value is not None:
@@ -141,7 +146,14 @@ def cmd_sweep(args) -> int:
         work(spec, storage, tracker, cache, opts, force=args.force)
     else:
         procs = [subprocess.Popen(_worker_argv(args, storage.url)) for _ in range(args.workers)]
-        codes = [p.wait() for p in procs]
+        try:
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:  # the workers end their runs KILLED too
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait()
+            raise
         if any(codes):
             raise UserError(f"{sum(c != 0 for c in codes)} of {args.workers} workers failed (exit codes {codes})")
     print("\n".join(summary(study)))  # the storage is read afresh: the workers' trials are all there
@@ -184,6 +196,58 @@ def cmd_dashboard(args) -> int:
     return 0
 
 
+def cmd_lambada(args) -> int:
+    import tempfile
+
+    import torch
+
+    from bench.cache import Cache
+    from bench.config import build_config
+    from bench.registry import METHODS, TEACHERS
+    from bench.tracking import Tracker, tracking_uri
+    from metrics.lambada import lambada
+
+    teacher_cls = TEACHERS.get(args.teacher)
+    if getattr(teacher_cls, "modality", "image") != "text":
+        raise UserError(f"lambada needs a text teacher, got {args.teacher!r} ({teacher_cls.family})")
+    if args.n < 1:
+        raise UserError(f"--n must be >= 1, got {args.n}")
+    method_cls = METHODS.get(args.method) if args.method else None
+    if method_cls is not None and teacher_cls.family not in method_cls.families:
+        raise UserError(f"method {args.method!r} does not accept teacher {args.teacher!r} (family "
+                        f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
+    config = build_config(method_cls.config_class(teacher_cls.family), _parse_params(args.param),
+                          owner=f"method {args.method!r}") if method_cls else None
+    cache = Cache(args.cache_dir)
+    tracker = Tracker(tracking_uri(args.tracking_uri), args.experiment)
+    teacher = teacher_cls.load(args.teacher, cache=cache, device=torch.device("cpu"),
+                               on_trained=tracker.log_training)
+    method = method_cls(teacher, config) if method_cls else None
+    if method is not None:
+        method.fit(cache=cache)
+    model = "smollm2-135m" if args.smollm2 else args.method or args.teacher
+    with tempfile.TemporaryDirectory() as folder:
+        scores = lambada(teacher, cache=cache, n=args.n, folder=Path(folder), method=method, on_smollm2=args.smollm2)
+    with tracker.run(f"lambada:{model}:{args.teacher}", {"accelbench.kind": "lambada"}) as log:
+        log.log(params={"teacher": args.teacher, "model": model, "n": args.n, "method": args.method or "",
+                        **{f"params.{k}": v for k, v in _parse_params(args.param).items()}},
+                metrics={f"lambada.{k}": v for k, v in scores.items()})
+    print(f"{model} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
+          f"acc {scores['acc']:.4f}, perplexity {scores['perplexity']:.2f}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from bench.cache import Cache
+    from bench.doctor import doctor
+    from bench.tracking import Tracker, tracking_uri
+
+    uri = tracking_uri(args.tracking_uri)
+    lines = doctor(Tracker(uri, DEFAULT_EXPERIMENT), Cache(args.cache_dir))
+    print("\n".join(lines) if lines else f"nothing to fix in {uri} and the cache")
+    return 0
+
+
 def cmd_list(args) -> int:
     from bench.registry import METHODS, METRICS, TEACHERS
 
@@ -215,10 +279,24 @@ def cmd_ui(args) -> int:
     return subprocess.call(cmd, env=env)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, like every other bad input (argparse prints the whole usage first)."""
+        self.exit(2, f"accelbench: error: {message} (see: {self.prog} --help)\n")
+
+
+def _budget_args(sp) -> None:
+    sp.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
+                    help="stop a trial that takes longer, teacher training included (default 0 = no limit)")
+    sp.add_argument("--memory-budget", type=float, default=0.0, metavar="MB",
+                    help="stop a trial when the process's resident memory exceeds this (libraries included; "
+                         "default 0 = no limit)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     uri_help = "MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     cache_help = "cache root (default $ACCELBENCH_CACHE or ~/.cache/accelbench)"
-    p = argparse.ArgumentParser(prog="accelbench", description=__doc__)
+    p = Parser(prog="accelbench", description=__doc__)
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -241,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
     r.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _budget_args(r)
     r.set_defaults(func=cmd_run)
 
     su = sub.add_parser("suite", help="run the trials of a suite file that are not finished yet, then write the report")
@@ -252,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
     su.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
     su.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _budget_args(su)
     su.set_defaults(func=cmd_suite)
 
     def sweep_args(sp, storage_help):
@@ -266,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds without a heartbeat before a trial is failed and retried")
         sp.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
         sp.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm (default 2)")
+        _budget_args(sp)
 
     sw = sub.add_parser("sweep", help="run an Optuna study from a spec, locally or with several workers")
     sweep_args(sw, "study storage: sqlite:///FILE, journal:FILE or postgresql://... (default sqlite:///optuna.db, "
@@ -294,6 +375,23 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--tracking-uri", help=uri_help)
     rp.set_defaults(func=cmd_report)
 
+    lb = sub.add_parser("lambada", help="LAMBADA-style last-word accuracy / perplexity (lm-eval) on a text corpus")
+    lb.add_argument("--teacher", required=True, help="a text teacher: its corpus gives the passages")
+    lb.add_argument("--method", help="score this method's model (e.g. an SDTT student) instead of the teacher")
+    lb.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="a method knob; repeatable")
+    lb.add_argument("--smollm2", action="store_true", help="score SmolLM2-135M (lm-eval's hf backend) instead")
+    lb.add_argument("--n", type=int, default=500, help="passages (default 500)")
+    lb.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+    lb.add_argument("--tracking-uri", help=uri_help)
+    lb.add_argument("--cache-dir", help=cache_help)
+    lb.set_defaults(func=cmd_lambada)
+
+    dr = sub.add_parser("doctor", help="mark RUNNING runs whose process is gone KILLED; clean the cache of what "
+                                       "killed builds left")
+    dr.add_argument("--tracking-uri", help=uri_help)
+    dr.add_argument("--cache-dir", help=cache_help)
+    dr.set_defaults(func=cmd_doctor)
+
     ls = sub.add_parser("list", help="list registered teachers, methods and metrics")
     ls.set_defaults(func=cmd_list)
 
@@ -305,9 +403,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so it unwinds like Ctrl-C: runs end KILLED, temp files are removed."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub; fail at once instead of retrying
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except UserError as exc:
@@ -315,9 +422,14 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"accelbench: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("accelbench: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("accelbench: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -10,20 +10,24 @@ import contextlib
 import dataclasses
 import io
 import statistics
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
+from bench.budget import budget
 from bench.cache import Cache
 from bench.config import build_config, config_dict
 from bench.envinfo import environment_tags, resolve_device
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
+from bench.spool import Spool
 from bench.timing import latency_stats, stopwatch
 from bench.tracking import Tracker
 from bench.trial import Trial
@@ -34,10 +38,15 @@ class RunOptions:
     warmup: int = 2  # batches per arm before timing starts
     threads: int = 1  # torch intra-op threads while sampling (tiny models run faster on 1 thread here)
     progress: bool = True
+    time_budget: float = 0.0  # seconds a trial may take, teacher training included; 0 = no limit
+    memory_budget: float = 0.0  # MB of resident memory the process may reach during a trial; 0 = no limit
 
     def __post_init__(self):
         if self.warmup < 0 or self.threads < 1:
             raise UserError(f"--warmup must be >= 0 and --threads >= 1, got {self.warmup} and {self.threads}")
+        if self.time_budget < 0 or self.memory_budget < 0:
+            raise UserError(f"--time-budget and --memory-budget must be >= 0 (0 = no limit), got "
+                            f"{self.time_budget} and {self.memory_budget}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,12 @@ def plan(trial: Trial) -> Plan:
     if teacher_cls.family not in method_cls.families:
         raise UserError(f"method {trial.method!r} does not accept teacher {trial.teacher!r} (family "
                         f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
+    modality = getattr(teacher_cls, "modality", "image")
+    for m in metrics:
+        if m.cls.modality != modality:
+            valid = sorted(name for name, cls in METRICS.items() if cls.modality == modality)
+            raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
+                            f"generates {modality}; valid metrics: {', '.join(valid)}")
     config = build_config(method_cls.config_class(teacher_cls.family), trial.params, owner=f"method {trial.method!r}")
     if method_cls.batch_size_one and trial.batch_size != 1:
         raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
@@ -102,8 +117,7 @@ def plan(trial: Trial) -> Plan:
 
 @dataclass
 class ArmResult:
-    samples: torch.Tensor
-    cond: torch.Tensor
+    spool: Spool  # the samples and their conditions, on disk
     batch_seconds: list[float]
     batch_sizes: list[int]
     counters: Counter
@@ -114,26 +128,23 @@ def _batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device):
+def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device, folder: Path):
     gens = {name: torch.Generator(device).manual_seed(trial.seed) for name in arms}
     warm = torch.Generator(device).manual_seed(trial.seed + 1_000_003)
     for _ in range(opts.warmup):
         for method in arms.values():
             method.sample(conds[: trial.batch_size], generator=warm)
-    results = {name: ArmResult([], [], [], [], Counter(), []) for name in arms}
+    results = {name: ArmResult(Spool(folder / name), [], [], Counter(), []) for name in arms}
     for sl in tqdm(_batches(trial.n_samples, trial.batch_size), desc="sampling", unit="batch",
                    disable=not opts.progress, leave=False):
         for name, method in arms.items():
             r = results[name]
             with stopwatch(device, r.batch_seconds):
                 out: Samples = method.sample(conds[sl], generator=gens[name])
-            r.samples.append(out.data)
-            r.cond.append(out.cond)
+            r.spool.append(out.data, out.cond)
             r.batch_sizes.append(sl.stop - sl.start)
             r.counters.update(out.counters)
             r.compression.append(out.counters["tokens"] / out.counters["nfe"])
-    for r in results.values():
-        r.samples, r.cond = torch.cat(r.samples), torch.cat(r.cond)
     return results
 
 
@@ -148,27 +159,41 @@ def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     return m
 
 
-def _quality(metric, images: torch.Tensor, cond, repeats: int) -> dict[str, float]:
-    """The metric's values; a stochastic one is computed with seeds 0..repeats-1: mean, and "<key>.seed_std"."""
-    metric.reset()  # one metric object scores both arms against the same reference side
-    for sl in _batches(len(images), 256):
-        metric.update(images[sl], cond[sl])
-    if not metric.stochastic or repeats == 1:
-        return metric.compute(seed=0)
-    values = [metric.compute(seed=seed) for seed in range(repeats)]
-    out = {k: statistics.fmean(v[k] for v in values) for k in values[0]}
-    out.update({f"{k}.seed_std": statistics.stdev(v[k] for v in values)
-                for k in values[0] if not k.endswith(SPREAD_SUFFIXES)})
-    return out
+SCORE_CHUNK = 256  # samples decoded and fed to the metrics at a time
 
 
-def _grid_png(images: torch.Tensor) -> bytes:
+def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) -> tuple[dict[str, float], str, bytes]:
+    """Every metric's values on an arm's samples, read back from the spool a chunk at a time, and a look at them (an
+    8x8 grid of the first images, or every text, blank-line separated). A stochastic metric is computed with seeds
+    0..repeats-1: mean, and "<key>.seed_std"."""
+    for metric in scorers:
+        metric.reset()  # one metric object scores every arm against the same reference side
+    grid, texts = [], []
+    for data, cond in spool.chunks(SCORE_CHUNK):
+        decoded = teacher.decode(data)  # a (B, C, H, W) image batch, or B strings
+        for metric in scorers:
+            metric.update(decoded, cond)
+        if isinstance(decoded, list):
+            texts += decoded
+        elif sum(map(len, grid)) < 64:
+            grid.append(decoded[:64 - sum(map(len, grid))].float().cpu())
+    values = {}
+    for metric in scorers:
+        if not metric.stochastic or repeats == 1:
+            values.update(metric.compute(seed=0))
+            continue
+        runs = [metric.compute(seed=seed) for seed in range(repeats)]
+        values.update({k: statistics.fmean(v[k] for v in runs) for k in runs[0]})
+        values.update({f"{k}.seed_std": statistics.stdev(v[k] for v in runs)
+                       for k in runs[0] if not k.endswith(SPREAD_SUFFIXES)})
+    if texts:
+        return values, f"{name}.txt", "\n\n".join(texts).encode()
     from torchvision.utils import save_image
 
     buf = io.BytesIO()
-    big = torch.nn.functional.interpolate(images[:64].float().cpu(), scale_factor=4, mode="nearest")
+    big = torch.nn.functional.interpolate(torch.cat(grid), scale_factor=4, mode="nearest")
     save_image(big, buf, nrow=8, format="png", padding=2, pad_value=0.5)
-    return buf.getvalue()
+    return values, f"{name}.png", buf.getvalue()
 
 
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
@@ -190,13 +215,14 @@ def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions 
     as soon as the run exists, so a caller can find the run of a trial that never returns.
     """
     p = plan(trial)
-    teacher = _teacher(p, cache, tracker)
-    # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
-    # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than on
-    # 1, the tiny samplers no faster.
-    training_threads = torch.get_num_threads()
-    with _threads(opts.threads):
-        return _run(p, teacher, cache, tracker, opts, tags or {}, on_start, training_threads)
+    with budget(opts.time_budget, opts.memory_budget):
+        teacher = _teacher(p, cache, tracker)
+        # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
+        # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
+        # on 1, the tiny samplers no faster.
+        training_threads = torch.get_num_threads()
+        with _threads(opts.threads):
+            return _run(p, teacher, cache, tracker, opts, tags or {}, on_start, training_threads)
 
 
 @contextlib.contextmanager
@@ -226,20 +252,22 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, ext
         method = p.method_cls(teacher, p.config)
         with _threads(training_threads):
             fit_info = method.fit(cache=cache)
-        arms = {"method": method, "ref": METHODS.get(p.reference)(teacher, p.reference_config)}
+        arms = {"method": method, "ref": METHODS.get(p.reference)(teacher, p.reference_config),
+                **method.extra_arms(cache=cache, device=p.device)}
         conds = teacher.conditions(t.n_samples, torch.Generator().manual_seed(t.seed)).to(p.device)
-        results = _sample_arms(arms, conds, t, opts, p.device)
         metrics = {f"fit/{k}": v for k, v in fit_info.items()}
         scorers = [m.cls(teacher, cache=cache, device=p.device, extractor=m.extractor)
                    for m in p.metrics if m.unavailable is None]
-        images = {}
-        for name, r in results.items():
-            prefix = "" if name == "method" else "ref/"
-            images[name] = teacher.decode(r.samples)
-            arm = _arm_metrics(r, t.n_samples)
-            for scorer in scorers:
-                arm.update(_quality(scorer, images[name], r.cond, t.metric_repeats))
-            metrics.update({prefix + k: v for k, v in arm.items()})
+        files = {}
+        with tempfile.TemporaryDirectory(prefix="accelbench-samples-") as folder:
+            results = _sample_arms(arms, conds, t, opts, p.device, Path(folder))
+            for name, r in results.items():
+                prefix = "" if name == "method" else f"{name}/"
+                arm = _arm_metrics(r, t.n_samples)
+                values, file_name, content = _score_arm(r.spool, arms[name].teacher, scorers, t.metric_repeats,
+                                                        "samples" if name == "method" else f"{name}_samples")
+                metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
+                files[file_name] = content
         metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
         metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
         log.log(metrics=metrics, tags={
@@ -249,6 +277,5 @@ def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, ext
                for m in p.metrics for k in metrics
                if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
             **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable}})
-        log.log_files({"samples.png": _grid_png(images["method"]), "ref_samples.png": _grid_png(images["ref"]),
-                       "trial.yaml": t.to_yaml().encode()})
+        log.log_files({**files, "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -1,16 +1,20 @@
 """MLflow logging of trials and teacher trainings, through `MlflowClient` with batched calls.
 
 Default store: a SQLite file in the working directory (`sqlite:///mlflow.db`); `--tracking-uri` or
-`MLFLOW_TRACKING_URI` override it. A run is always ended: FINISHED, FAILED, or KILLED on interruption.
+`MLFLOW_TRACKING_URI` override it. A run is always ended: FINISHED, FAILED, or KILLED on interruption (Ctrl-C, or
+SIGTERM, which the CLI turns into an interruption). A run whose process was SIGKILLed stays RUNNING; its host / pid
+tags let `accelbench doctor` find and mark it.
 """
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from bench.errors import UserError
 
@@ -18,8 +22,51 @@ DEFAULT_URI = "sqlite:///mlflow.db"
 TRAINING_EXPERIMENT = "accelbench-training"
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "mysql": 3306}
+CONNECT_TIMEOUT = 3.0  # seconds; the clients' own retries take minutes against a server that is down
+
+
 def tracking_uri(explicit: str | None = None) -> str:
     return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+
+
+def check_reachable(url: str, what: str) -> None:
+    """Fail fast, naming the URL, when the server of a network store (http(s), postgresql, mysql) cannot be reached."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+")[0]  # postgresql+psycopg -> postgresql
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        return  # a file store (sqlite, journal, a local folder): nothing to connect to
+    try:
+        port = parts.port or DEFAULT_PORTS[scheme]
+        socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as exc:
+        shown = url.replace(f":{parts.password}@", ":***@") if parts.password else url
+        raise UserError(f"cannot reach the {what} {shown}: {exc}") from None
+
+
+def owner_tags() -> dict[str, str]:
+    """Which process owns a run: what `accelbench doctor` checks to tell a live run from an orphan."""
+    import psutil
+
+    me = psutil.Process()
+    return {"accelbench.host": socket.gethostname(), "accelbench.pid": str(me.pid),
+            "accelbench.pid_started": f"{me.create_time():.2f}"}
+
+
+def owner_alive(host: str, pid: int, started: float | None) -> bool | None:
+    """Whether the process that owns a run still runs: None when it is on another host (cannot be checked from here).
+    A pid that now belongs to a process started at another time has been reused: the owner is gone."""
+    import psutil
+
+    if host != socket.gethostname():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (started is None or abs(proc.create_time() - started) < 1.0)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's live process
+        return True
 
 
 class Tracker:
@@ -27,6 +74,7 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        check_reachable(uri, "MLflow tracking store")
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = self._experiment(experiment)
 
@@ -40,14 +88,15 @@ class Tracker:
     @contextmanager
     def run(self, name: str, tags: dict[str, str], experiment: str | None = None) -> Iterator["RunLog"]:
         exp_id = self._experiment(experiment) if experiment else self.experiment_id
-        run = self.client.create_run(exp_id, run_name=name, tags=tags)
+        run = self.client.create_run(exp_id, run_name=name, tags={**tags, **owner_tags()})
         log = RunLog(self.client, run.info.run_id)
         try:
             yield log
         except KeyboardInterrupt:
             self.client.set_terminated(run.info.run_id, "KILLED")
             raise
-        except BaseException:
+        except BaseException as exc:
+            self.client.set_tag(run.info.run_id, "accelbench.error", f"{type(exc).__name__}: {exc}"[:5000])
             self.client.set_terminated(run.info.run_id, "FAILED")
             raise
         self.client.set_terminated(run.info.run_id, "FINISHED")

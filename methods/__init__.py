@@ -1,2 +1,2 @@
 """Acceleration methods; importing this package registers them."""
-from methods import ar, ard, cspd, dd, ddim, jacobi, onestep, sjd, skip  # noqa: F401
+from methods import ar, ard, cspd, dd, ddim, jacobi, lm, mdlm, onestep, sdtt, sjd, skip  # noqa: F401

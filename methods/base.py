@@ -31,5 +31,10 @@ class Method:
         """Train what the method needs (cached by key); returns figures to log. Training-free methods: no-op."""
         return {}
 
+    def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, "Method"]:
+        """Baselines this method is compared with in the same run besides the teacher's reference arm, by arm name
+        (the runner samples them interleaved with the others and logs them under "<name>/")."""
+        return {}
+
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         raise NotImplementedError

@@ -1,2 +1,3 @@
 """Quality metrics; importing this package registers them."""
-from metrics import clip_score, fid, hpsv2, inception_score, kid, precision_recall  # noqa: F401
+from metrics import (clip_score, fid, gen_ppl, hpsv2, inception_score, kid, mauve_text, precision_recall,  # noqa: F401
+                     self_bleu, text_entropy)

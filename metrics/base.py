@@ -24,6 +24,9 @@ from metrics.features import check_choice, embed, load_extractor, reference_feat
 class Metric:
     name: ClassVar[str]  # registry name, e.g. "fid"
     higher_is_better: ClassVar[bool]
+    # What `update` receives: "image" = (B, C, H, W) floats in [0, 1]; "text" = a list of B decoded strings. A metric
+    # only pairs with teachers of its modality (the runner checks before any work).
+    modality: ClassVar[str] = "image"
     # True when `compute` draws random numbers (subsets, splits, k-means): the runner then repeats it over seeds
     # 0..repeats-1 and logs the mean under the key and the spread under "<key>.seed_std".
     stochastic: ClassVar[bool] = False
@@ -47,7 +50,8 @@ class Metric:
         self.teacher, self.cache, self.device = teacher, cache, device
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
-        """Add generated images (B, C, H, W), float in [0, 1], with the conditions they were sampled for."""
+        """Add generated samples with the conditions they were sampled for: images (B, C, H, W), float in [0, 1], or,
+        for a text metric, B strings."""
         raise NotImplementedError
 
     def compute(self, seed: int = 0) -> dict[str, float]:

@@ -125,7 +125,25 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
             blank |= not vals
             cells.append(_fmt(vals, 2))
         lines.append("| " + " | ".join(cells) + " |")
+        lines += _baseline_rows(rs, knobs, samp, n, quality)
     return lines, blank
+
+
+def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, n: int, quality) -> list[str]:
+    """A row per extra baseline arm the method's runs carry (e.g. SDTT's teacher at the student's step count and the AR
+    LM), its speed-ups against the same runs' reference arms."""
+    rows = []
+    arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/nfe_per_sample")} - {"ref", "fit"})
+    for arm in arms:
+        m = [r.metrics for r in rs if f"{arm}/nfe_per_sample" in r.metrics]
+        cells = [f"↳ {arm}", knobs, samp, str(n), str(len(m)),
+                 _fmt([x[f"{arm}/nfe_per_sample"] for x in m], 1),
+                 _fmt([1000 * x[f"{arm}/sec_per_sample_median"] for x in m], 2),
+                 _fmt([x["ref/sec_per_sample_median"] / x[f"{arm}/sec_per_sample_median"] for x in m], 2, "×"),
+                 _fmt([x["ref/nfe_per_sample"] / x[f"{arm}/nfe_per_sample"] for x in m], 2, "×"),
+                 *(_fmt([x[f"{arm}/{key}"] for x in m if f"{arm}/{key}" in x], 2) for key, _ in quality)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
 
 
 def environment_footer(runs: list[TrialRun]) -> list[str]:
@@ -157,7 +175,13 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
     out += ["Cells are mean ± sample standard deviation over seeds (a single seed has no ±). Speed-ups are measured "
             "in each run against its own teacher arm, side by side in one process, then averaged. NFE counts "
             "forward passes per sample; n is the number of samples per arm; ↑/↓ mark the better direction; the "
-            "extractor of each metric is in parentheses."]
+            "extractor of each metric is in parentheses.",
+            "",
+            "Reproducibility: a trial (teacher, method, knobs, n, seed) rerun on the same machine and software gives "
+            "identical samples, NFE, acceptance and quality metrics. On another machine (CPU model, BLAS, torch "
+            "version, thread count, device) samples and quality metrics may differ within seed-to-seed spread, since "
+            "floating-point reductions round differently; wall times and wall speed-ups vary with the machine and its "
+            "load on every run. Step speed-ups and NFE depend only on the samples."]
     if any_blank:
         out += ["", "Blank cells: the metric was not computed for that row (not requested, or not applicable)."]
     unavailable = {(tag[len("unavailable."):], reason) for r in runs for tag, reason in r.tags.items()

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from bench.cache import Cache
 from bench.errors import UserError
 from bench.runner import RunOptions, run_trial
-from bench.tracking import Tracker
+from bench.tracking import Tracker, check_reachable, owner_alive
 from sweeps.spec import StudySpec
 
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -70,27 +70,12 @@ def reap_dead_local_workers(study: optuna.Study, tracker: Tracker | None) -> lis
     host, reaped = socket.gethostname(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker_host, _, pid = trial.user_attrs.get("worker", "").rpartition(":")
-        if worker_host != host or not pid.isdigit() or _alive(int(pid)):
+        if worker_host != host or not pid.isdigit() or owner_alive(host, int(pid), None):
             continue
         study.tell(trial.number, state=TrialState.FAIL)
         _failed_trial_handler(tracker)(study, study.get_trials(deepcopy=False)[trial.number])
         reaped.append(trial.number)
     return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed child that its parent has not waited for yet is a zombie: dead for our purpose.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
@@ -101,6 +86,7 @@ def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
         return optuna.storages.JournalStorage(JournalFileBackend(url[len("journal:"):]))
     if not url.startswith(("sqlite:", "postgresql", "mysql")):
         raise UserError(f"unknown study storage {url!r}; use sqlite:///FILE, journal:FILE or postgresql://...")
+    check_reachable(url, "study storage")
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {"pool_pre_ping": True}
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,

@@ -5,6 +5,9 @@ from bench.registry import TEACHERS
 from teachers.image_ar import ImageARRecipe, ImageARTeacher
 from teachers.image_dit import ImageDiTRecipe, ImageDiTTeacher
 from teachers.image_mar import ImageMARRecipe, ImageMARTeacher
+from teachers.text_gpt import TextGPTTeacher
+from teachers.text_lm import TextLMRecipe
+from teachers.text_mdlm import TextMDLMTeacher
 
 
 @TEACHERS.register("digits-ar-c2i")
@@ -52,3 +55,19 @@ class DigitsDiTClass(ImageDiTTeacher):
     """Class-conditional DiT (adaLN-Zero, 16 tokens of 4x4 patches) on digits pixels (16x16), DDIM sampler."""
 
     recipe = ImageDiTRecipe(dataset="digits")
+
+
+@TEACHERS.register("wordnet-mdlm")
+class WordNetMDLM(TextMDLMTeacher):
+    """MDLM (bidirectional, no time input) over 64-token BPE chunks of the WordNet glosses timm ships."""
+
+    recipe = TextLMRecipe()
+    companion_lm = "wordnet-gpt"
+
+
+@TEACHERS.register("wordnet-gpt")
+class WordNetGPT(TextGPTTeacher):
+    """Causal transformer with a KV cache, trained on the same chunks and tokenizer as wordnet-mdlm."""
+
+    recipe = TextLMRecipe()
+    companion_lm = "wordnet-gpt"

@@ -1,11 +1,15 @@
 """Shared fixtures: an isolated cache and MLflow store per test session, offline hub settings."""
 import dataclasses
 import os
+import uuid
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgresql://postgres@127.0.0.1:5432"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,8 +32,10 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
     """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers import DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass, FashionARText
+    from teachers import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass, FashionARText,
+                          WordNetGPT, WordNetMDLM)
     from teachers.image_mar import ModelSize
+    from teachers.text_data import TextDataRecipe
 
     for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
         recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
@@ -39,6 +45,10 @@ def tiny_recipe(monkeypatch):
                                                                       target=size, draft=size))
     monkeypatch.setattr(DigitsDiTClass, "recipe", dataclasses.replace(DigitsDiTClass.recipe, steps=10, batch_size=8,
                                                                       hidden=16, depth=2, heads=2))
+    data = TextDataRecipe(vocab_size=300, seq_len=16)
+    for cls in (WordNetMDLM, WordNetGPT):
+        monkeypatch.setattr(cls, "recipe", dataclasses.replace(cls.recipe, data=data, steps=10, batch_size=8,
+                                                               n_layer=1, n_head=2, n_embd=16))
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +80,27 @@ def images():
     return {"test": load_image_dataset("digits", "test", 16).images,
             "train": train[torch.randperm(len(train), generator=g)[:360]],
             "noise": torch.rand(360, 1, 16, 16, generator=g)}
+
+
+@pytest.fixture()
+def plugin(monkeypatch):
+    """The instant table teachers of tests/plugins.py, registered here and in every subprocess this test starts."""
+    monkeypatch.setenv("ACCELBENCH_PLUGINS", "tests.plugins")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    import tests.plugins  # noqa: F401
+
+
+@pytest.fixture()
+def pg_database():
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        admin = psycopg.connect(f"{PG}/postgres", connect_timeout=3, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL server at {PG}: {str(exc).strip().splitlines()[0]}")
+    name = f"accelbench_{uuid.uuid4().hex[:8]}"
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    yield f"{PG}/{name}"
+    with admin.cursor() as cur:
+        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    admin.close()

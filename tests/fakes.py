@@ -226,3 +226,84 @@ def tiny_dit_teacher(seed=0):
     for p in model.parameters():
         p.data.add_(0.2 * torch.randn_like(p))
     return Tiny("tiny-dit", model, {})
+
+
+class CharTokenizer:
+    """Ids 0..V-2 are the letters a, b, c, ...; id V-1 is EOS, decoded as a newline."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size, self.eos_id = vocab_size, vocab_size - 1
+
+    def encode(self, texts):
+        return [[self.eos_id if c == "\n" else ord(c) - ord("a") for c in t if c == "\n" or c.isalpha()]
+                for t in texts]
+
+    def decode(self, ids):
+        ids = ids.tolist() if torch.is_tensor(ids) else ids
+        return ["".join("\n" if i == self.eos_id else chr(ord("a") + i) for i in row).strip() for row in ids]
+
+
+def markov_chunks(vocab: int, seq_len: int, n: int, seed: int = 0) -> torch.Tensor:
+    """(n, seq_len) sequences of a sharp random first-order Markov chain: data with structure an MDLM can learn."""
+    g = torch.Generator().manual_seed(seed)
+    trans = torch.softmax(3 * torch.randn(vocab, vocab, generator=g), -1)  # (V, V)
+    x = torch.empty(n, seq_len, dtype=torch.long)
+    x[:, 0] = torch.randint(vocab, (n,), generator=g)
+    for i in range(1, seq_len):
+        x[:, i] = torch.multinomial(trans[x[:, i - 1]], 1, generator=g).squeeze(-1)
+    return x
+
+
+def _text_teacher(base, model, vocab, seq_len, chunks, name):
+    from bench.cache import config_key
+    from teachers.text_data import TextDataRecipe
+    from teachers.text_lm import TextLMRecipe
+
+    class Tiny(base):
+        recipe = TextLMRecipe(data=TextDataRecipe(seq_len=seq_len), n_layer=1, n_head=2, n_embd=32)  # data unused
+        companion_lm = "wordnet-gpt"
+
+        @classmethod
+        def key(cls):  # no corpus behind a fake
+            return config_key(name, vocab, seq_len)
+
+        def training_chunks(self, cache):
+            return chunks
+
+    return Tiny(name, model, CharTokenizer(vocab), chunks[:16], {})
+
+
+def tiny_mdlm_teacher(seed=0, vocab=8, seq_len=8, train_steps=0):
+    """An MDLM teacher (real denoiser, SUBS, sampler) over a Markov chain of `vocab` letters; `train_steps` > 0
+    trains it on the chain first (a second per 100 steps), so that distillation has something to match."""
+    from bench.training import optimizer_step, warmup_cosine
+    from teachers import masked_diffusion as md
+    from teachers.mdlm_net import MDLMNet, MDLMNetConfig
+    from teachers.text_mdlm import TextMDLMTeacher
+
+    torch.manual_seed(seed)
+    chunks = markov_chunks(vocab, seq_len, 512, seed)
+    model = MDLMNet(MDLMNetConfig(vocab, seq_len, n_layer=2, n_head=2, n_embd=32, dropout=0.0))
+    if train_steps:
+        g = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        sched = warmup_cosine(opt, train_steps)
+        for _ in range(train_steps):
+            x = chunks[torch.randint(len(chunks), (64,), generator=g)]
+            t = md.antithetic_times(64, g)
+            z = md.corrupt(x, t, vocab, g)
+            loss = md.nelbo(model(z), x, z, t, vocab).mean()
+            optimizer_step(loss, opt, sched, model.parameters())
+    return _text_teacher(TextMDLMTeacher, model, vocab, seq_len, chunks, "tiny-mdlm")
+
+
+def tiny_text_gpt_teacher(seed=0, vocab=8, seq_len=8):
+    """An untrained causal LM teacher (the real GPT with its KV cache and BOS condition) over `vocab` letters."""
+    from teachers.gpt import GPT, GPTConfig
+    from teachers.text_gpt import TextGPTTeacher
+
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab, 1, 1, seq_len, n_layer=2, n_head=2, n_embd=32))
+    for p in model.parameters():  # larger weights than the init, so the logits depend on the prefix
+        p.data.mul_(8.0)
+    return _text_teacher(TextGPTTeacher, model, vocab, seq_len, markov_chunks(vocab, seq_len, 64, seed), "tiny-gpt")

@@ -91,6 +91,49 @@ def test_ard_trial_end_to_end(tiny_recipe, store, tmp_path):
     assert m["fit/extra_flops_vs_teacher_step"] > 0  # N = 1 reads the history
 
 
+def test_sdtt_trial_end_to_end_with_its_baseline_arms(tiny_recipe, store, tmp_path):
+    code = run_cli(store, tmp_path / "cache", "--teacher", "wordnet-mdlm", "--method", "sdtt", "--param", "steps=8",
+                   "--param", "rounds=2", "--param", "iters_per_round=3", "--param", "batch=4",
+                   "--metric", "gen_ppl@tiny", "--metric", "entropy", "--metric", "self_bleu",
+                   "--n-samples", "6", "--batch-size", "3")
+    assert code == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m, p = run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED" and p["reference"] == "mdlm" and p["ref.steps"] == "8"
+    assert m["nfe_per_sample"] in (2, 3) and m["ref/nfe_per_sample"] in (8, 9)  # (+ the noise-removal pass)
+    assert m["same_steps/nfe_per_sample"] in (2, 3) and m["ar/nfe_per_sample"] == 16  # one pass per token
+    for arm in ("", "ref/", "same_steps/", "ar/"):
+        for key in ("gen_ppl.wordnet-gpt", "entropy.tokens", "sec_per_sample_median"):
+            assert arm + key in m, arm + key
+    assert m["fit/round2_teacher_steps"] == 4 and "fit/round1_loss_end" in m
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"samples.txt", "ref_samples.txt", "same_steps_samples.txt", "ar_samples.txt"} <= artifacts
+    text = open(client.download_artifacts(run.info.run_id, "samples.txt")).read()
+    assert len(text.split("\n\n")) >= 6 - 1  # six samples (a sample may decode to nothing but newlines)
+    assert cli.main(["report", "--experiment", "accelbench", "--tracking-uri", store, "--out",
+                     str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "REPORT.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
+    assert {"| mdlm (teacher)", "| sdtt", "| ↳ same_steps", "| ↳ ar"} <= set(rows)
+    ar_speedup = m["ref/sec_per_sample_median"] / m["ar/sec_per_sample_median"]
+    assert f"{ar_speedup:.2f}×" in rows["| ↳ ar"] and f"{m['ar/gen_ppl.wordnet-gpt']:.2f}" in rows["| ↳ ar"]
+
+
+def test_lambada_scores_an_sdtt_student_and_the_teacher_through_lm_eval(tiny_recipe, store, tmp_path, capsys):
+    args = ["lambada", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--teacher", "wordnet-mdlm",
+            "--n", "20"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--method", "sdtt", "--param", "steps=8", "--param", "rounds=1", "--param",
+                     "iters_per_round=2", "--param", "batch=4"]) == 0
+    assert "sdtt on the LAMBADA-style task of wordnet-mdlm" in capsys.readouterr().out
+    runs = [r for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "lambada"]
+    assert sorted(r.data.params["model"] for r in runs) == ["sdtt", "wordnet-mdlm"]
+    for r in runs:
+        assert 0 <= r.data.metrics["lambada.acc"] <= 1 and r.data.metrics["lambada.perplexity"] > 1
+    assert cli.main([*args[:-4], "--teacher", "digits-ar-c2i"]) == 2
+
+
 def test_every_image_metric_is_logged_under_its_extractor(tiny_recipe, store, cache_dir, capsys, monkeypatch):
     monkeypatch.delenv("ACCELBENCH_HPSV2_CHECKPOINT", raising=False)
     metrics = ("fid", "kid", "is", "precision", "recall", "clip", "hpsv2")
@@ -129,7 +172,11 @@ class OtherFamilyMethod(AR):
 @pytest.mark.parametrize("args, message", [
     (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
     (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
-    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, fid"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, entropy"),
+    (["--teacher", "wordnet-mdlm", "--method", "mdlm", "--metric", "fid"],
+     "metric 'fid' scores image samples; teacher 'wordnet-mdlm' generates text; valid metrics: entropy, gen_ppl"),
+    (["--teacher", "wordnet-mdlm", "--method", "sdtt", "--param", "divergence=kl"], "'divergence' must be one of kld"),
+    (["--teacher", "wordnet-mdlm", "--method", "sdtt", "--param", "steps=12"], "must be divisible by"),
     (["--teacher", "digits-ar-t2i", "--method", "other"], "accepts: masked-diffusion-lm"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "windw=4"], "unknown knob 'windw'; valid:"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=big"], "'window' must be an integer"),

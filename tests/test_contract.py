@@ -9,14 +9,18 @@ from bench.config import build_config
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
-from tests.fakes import LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_mar_teacher
+from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_mar_teacher,
+                         tiny_mdlm_teacher, tiny_text_gpt_teacher)
 
 FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher], "continuous-ar": [LinearGaussianAR, tiny_mar_teacher],
-         "ode-diffusion": [tiny_dit_teacher]}
+         "ode-diffusion": [tiny_dit_teacher], "masked-diffusion-lm": [tiny_mdlm_teacher],
+         "causal-lm": [tiny_text_gpt_teacher]}
+SEQUENCE_FAMILIES = ("discrete-ar", "masked-diffusion-lm", "causal-lm")  # samples are (B, N) token ids
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
             "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64},
-            **{m: {"steps": 8, "n_traj": 16, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")}}
+            **{m: {"steps": 8, "n_traj": 16, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")},
+            "sdtt": {"steps": 8, "rounds": 1, "iters_per_round": 2, "batch": 4, "ar_arm": False}}
 
 
 @pytest.mark.parametrize("name", TEACHERS.names())
@@ -49,14 +53,16 @@ def test_method_entry(name, tmp_path):
             runs = [method.sample(cond, generator=torch.Generator().manual_seed(5)) for _ in range(2)]
             out = runs[0]
             assert isinstance(out, Samples)
-            if family == "discrete-ar":
+            if family in SEQUENCE_FAMILIES:
                 assert out.data.shape == (1, teacher.seq_len) and out.data.dtype == torch.long
                 assert 0 <= out.data.min() and out.data.max() < teacher.vocab_size
             elif family == "continuous-ar":
                 assert out.data.shape == (1, teacher.seq_len, teacher.token_dim) and out.data.isfinite().all()
             else:
                 assert out.data.shape == (1, *teacher.image_shape) and out.data.isfinite().all()
-            if family != "ode-diffusion":  # a sequence: at most one pass per token
+            if family == "masked-diffusion-lm":  # at most one pass per step, and the noise-removal pass
+                assert 1 <= out.counters["nfe"] <= fast.steps + 1 and out.counters["tokens"] == teacher.seq_len
+            elif family != "ode-diffusion":  # a sequence: at most one pass per token
                 assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
             else:  # an image: at most one pass per teacher step
                 assert 1 <= out.counters["nfe"] <= fast.steps and out.counters["tokens"] == 1
@@ -64,18 +70,24 @@ def test_method_entry(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", METRICS.names())
-def test_metric_entry(name, tmp_path):
+def test_metric_entry(name, cache):
     cls = METRICS.get(name)
     assert cls.__doc__ and isinstance(cls.higher_is_better, bool) and isinstance(cls.stochastic, bool)
     unavailable = cls.check(None)
     if unavailable is not None:  # e.g. a checkpoint this machine does not have: one line saying what is missing
         assert isinstance(unavailable, str) and unavailable.startswith(name) and "\n" not in unavailable
         return
-    teacher = tiny_gpt_teacher()
-    teacher.dataset_name, teacher.image_size = "digits", 16
+    assert cls.modality in ("image", "text")
+    if cls.modality == "image":
+        teacher = tiny_gpt_teacher()
+        teacher.dataset_name, teacher.image_size = "digits", 16
+        samples = torch.rand(8, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    else:
+        teacher = tiny_mdlm_teacher()
+        samples = teacher.decode(teacher.training_chunks(None)[:8])
     cond = teacher.conditions(8, torch.Generator().manual_seed(0))
-    metric = cls(teacher, cache=Cache(tmp_path), device=torch.device("cpu"))
-    metric.update(torch.rand(8, 1, 16, 16, generator=torch.Generator().manual_seed(0)), cond)
+    metric = cls(teacher, cache=cache, device=torch.device("cpu"))  # the session's: extractors are built once
+    metric.update(samples, cond)
     values = metric.compute(seed=0)
     assert values and all(k.startswith(name + ".") for k in values)
     assert all(isinstance(v, float) for v in values.values())

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import optuna
 import pytest
@@ -17,15 +16,11 @@ from bench.cli import main
 from bench.errors import UserError
 from sweeps.spec import load_spec
 
-ROOT = Path(__file__).resolve().parent.parent
-PG = "postgresql://postgres@127.0.0.1:5432"
 
 
 @pytest.fixture(autouse=True)
-def plugin(monkeypatch):
-    monkeypatch.setenv("ACCELBENCH_PLUGINS", "tests.plugins")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    import tests.plugins  # noqa: F401  (registers the table teachers in this process too)
+def _plugin(plugin):
+    """Every test here runs workers over the table teachers."""
 
 
 def spec_file(tmp_path, teacher="table-ar", n_trials=3, **extra):
@@ -132,22 +127,6 @@ def test_journal_backend_with_four_local_workers(tmp_path):
     assert sweep(tmp_path, spec, storage, "--workers", "4") == 0
     ts = _assert_exactly(storage, 8)
     assert len({t.user_attrs["worker"] for t in ts}) >= 2  # the work was actually shared
-
-
-@pytest.fixture()
-def pg_database():
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(f"{PG}/postgres", connect_timeout=3, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL server at {PG}: {str(exc).strip().splitlines()[0]}")
-    name = f"accelbench_{uuid.uuid4().hex[:8]}"
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    yield f"{PG}/{name}"
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
-    admin.close()
 
 
 def test_postgres_four_workers_then_a_killed_worker_is_retried(tmp_path, pg_database):

@@ -1,0 +1,216 @@
+"""`sdtt`: Self-Distillation Through Time (Deschenaux & Gulcehre, arXiv:2410.21035, ICLR 2025) for MDLM teachers.
+
+One student step is trained to match `distill_steps` (m/k = 2) ancestral steps of the teacher; rounds halve the step
+count, each round's student becoming the next round's teacher (shared/notes/sdtt_self_distillation_through_time.md §2):
+- targets, Algorithm 1 (`teacher_targets`): from z_t, run the teacher for m/k ancestral steps of size Delta at times
+  t_i = max(t - i Delta, 1e-5); every token unmasked at step i takes that step's teacher log-probs as its target,
+  tokens still masked at the end take the last step's;
+- a round, Algorithm 2 (`SDTT._round`): x_0 from the training chunks, antithetic t, z_t = mask(x_0), the student's
+  single SUBS prediction against the targets on z_t's masked positions under the divergence; AdamW (0.9, 0.999, no
+  weight decay), clip 1.0, warm-up then constant lr, EMA of the weights (not reset between rounds);
+- rounds (Eq. 7): round r distils T_r = steps / 2^r teacher steps (Delta_r = (1 - 1e-5) / T_r) into T_r / 2; between
+  rounds the teacher becomes the student's current (non-EMA) weights and the optimiser carries on, as the released
+  code does. Sampling uses the EMA weights.
+Every round's student is cached (keyed by everything that determines it), so a trial with `rounds = 3` reuses the
+round-2 student of an earlier trial and the students of every round can be evaluated.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from bench.cache import Cache, config_key, teacher_key
+from bench.registry import METHODS, TEACHERS
+from bench.samples import Samples
+from bench.training import ema_update, optimizer_step
+from methods.base import Method
+from methods.lm import LM
+from methods.mdlm import MDLM
+from teachers import causal_lm
+from teachers import masked_diffusion as md
+
+Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
+STUDENT_VERSION = 1  # bump when training code changes what a config produces
+
+
+def divergence(student: torch.Tensor, target: torch.Tensor, kind: Divergence) -> torch.Tensor:
+    """Mean over tokens of delta(student || target), both (N, K) log-probs (paper App. B; the note's §2.5):
+    - kld: reverse KL, sum p_s (log p_s - log p_t) — the paper's choice (F.kl_div as in the released code);
+    - kld-fwd: forward KL, sum p_t (log p_t - log p_s) (in the code, not reported);
+    - mse: mean over the K entries of (log p_s - log p_t)^2 (Eq. 11, F.mse_loss as in the code);
+    - tvd: 1/2 sum |p_s - p_t| (Eq. 10);
+    - tvd-log: sum |log p_s - log p_t|, the released code's `_tvd` (no 1/2, log space).
+    """
+    if kind == "kld":
+        return F.kl_div(target, student, log_target=True, reduction="batchmean")
+    if kind == "kld-fwd":
+        return F.kl_div(student, target, log_target=True, reduction="batchmean")
+    if kind == "mse":
+        return F.mse_loss(student, target)
+    if kind == "tvd":
+        return 0.5 * (student.exp() - target.exp()).abs().sum(-1).mean()
+    if kind == "tvd-log":
+        return (student - target).abs().sum(-1).mean()
+    raise ValueError(f"unknown divergence {kind!r}")
+
+
+@torch.no_grad()
+def teacher_targets(denoise, z: torch.Tensor, t: torch.Tensor, delta: float, n_steps: int, mask_id: int,
+                    generator: torch.Generator | None) -> torch.Tensor:
+    """Algorithm 1: the teacher's log-probs (B, L, K) that produced each token of z (B, L) over `n_steps` ancestral
+    steps of size `delta` from times t (B,); tokens never unmasked get the last step's log-probs."""
+    target = None
+    for i in range(n_steps):
+        t_i = (t - i * delta).clamp(min=md.SAMPLING_EPS)
+        logp = denoise(z)
+        target = torch.zeros_like(logp) if target is None else target
+        z_new = md.reverse_step(logp, z, t_i, (t_i - delta).clamp(min=0.0), mask_id, generator)
+        changed = z_new != z
+        target[changed] = logp[changed]
+        z = z_new
+    still = z == mask_id
+    target[still] = logp[still]
+    return target
+
+
+@dataclass(frozen=True)
+class SDTTConfig(md.SamplingConfig):
+    # `steps` (from the sampling config) is the teacher's step count T_0: the reference arm samples with it and round 1
+    # distils it into T_0 / 2. The student samples with `student_steps` (0 = T_0 / 2^rounds).
+    steps: int = 64
+    student_steps: int = 0
+    rounds: int = 3
+    distill_steps: int = 2  # m/k: teacher steps per student step
+    divergence: Divergence = "kld"
+    # The paper trains 10k iterations of batch 128 per round on GPUs. A batch-32 iteration of the wordnet MDLM
+    # (teacher targets included) takes ~0.56 s on 2 threads, ~0.71 s on 1: 3 rounds of 500 fit in 14-18 min.
+    iters_per_round: int = 500
+    batch: int = 32
+    lr: float = 3e-4
+    warmup: int = 50
+    ema: float = 0.999
+    seed: int = 0
+    # the causal LM with a KV cache, trained on the same chunks, sampled in the same run as the "ar" arm
+    ar_arm: bool = True
+    ar_top_p: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("rounds", "iters_per_round", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.distill_steps < 2:
+            raise ValueError(f"distill_steps must be >= 2, got {self.distill_steps}")
+        if self.steps % self.distill_steps ** self.rounds:
+            raise ValueError(f"steps={self.steps} must be divisible by distill_steps^rounds = "
+                             f"{self.distill_steps ** self.rounds}")
+        if self.student_steps < 0 or self.warmup < 0:
+            raise ValueError(f"student_steps and warmup must be >= 0, got {self.student_steps}, {self.warmup}")
+        if not (self.lr > 0 and 0 <= self.ema < 1 and 0 < self.ar_top_p <= 1):
+            raise ValueError(f"need lr > 0, 0 <= ema < 1, 0 < ar_top_p <= 1; got {self.lr}, {self.ema}, "
+                             f"{self.ar_top_p}")
+
+    @property
+    def sampling_steps(self) -> int:
+        return self.student_steps or self.steps // self.distill_steps ** self.rounds
+
+
+TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "warmup", "ema", "seed")
+
+
+@METHODS.register("sdtt")
+class SDTT(Method):
+    """Iterated self-distillation of an MDLM: the round-`rounds` student sampled with T_0 / (m/k)^rounds steps."""
+
+    families = (md.FAMILY,)
+    Config = SDTTConfig
+    key_knobs = ("divergence", "rounds", "student_steps")
+
+    def __init__(self, teacher, config: SDTTConfig):
+        super().__init__(teacher, config)
+        self.student: torch.nn.Module | None = None
+
+    # ---- training -------------------------------------------------------------------------------------------
+    def fit(self, *, cache: Cache) -> dict[str, float]:
+        cfg, info = self.config, {}
+        teacher = teacher_key(self.teacher)
+        knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS}
+        state = None  # {"student", "ema", "opt"} state dicts after the last round
+        for r in range(1, cfg.rounds + 1):
+            if teacher is None:  # a test fake without a recipe key: nothing to key a cache entry by
+                state, cached = self._round(r, state, cache), False
+            else:  # get_or_build calls the builder before `state` is reassigned
+                state, cached = cache.get_or_build("sdtt-students", config_key(teacher, knobs, r, STUDENT_VERSION),
+                                                   lambda: self._round(r, state, cache))
+            info.update({f"round{r}_{k}": float(v) for k, v in state["info"].items()})
+            info[f"round{r}_cached"] = float(cached)
+        self.student = copy.deepcopy(self.teacher.model)
+        self.student.load_state_dict(state["ema"])
+        self.student.eval().requires_grad_(False)
+        return info
+
+    def _round(self, r: int, prev: dict | None, cache: Cache) -> dict:
+        cfg, t0 = self.config, time.perf_counter()
+        mask_id, T = self.teacher.mask_id, cfg.steps // cfg.distill_steps ** (r - 1)
+        delta = (1 - md.SAMPLING_EPS) / T
+        data = self.teacher.training_chunks(cache)
+        g = torch.Generator().manual_seed(cfg.seed * 1000 + r)
+        with torch.random.fork_rng(devices=[]):  # dropout draws from the global RNG
+            torch.manual_seed(cfg.seed * 1000 + r)
+            student = copy.deepcopy(self.teacher.model).train().requires_grad_(True)
+            ema = copy.deepcopy(self.teacher.model).requires_grad_(False)
+            opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
+            if prev is not None:  # the previous student is the new teacher; optimiser and EMA carry on
+                student.load_state_dict(prev["student"])
+                ema.load_state_dict(prev["ema"])
+                opt.load_state_dict(prev["opt"])
+            step0 = (r - 1) * cfg.iters_per_round
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (step0 + s + 1) / max(1, cfg.warmup)))
+            teacher = copy.deepcopy(student).eval().requires_grad_(False)
+            losses = []
+            for i in range(cfg.iters_per_round):
+                x = data[torch.randint(len(data), (cfg.batch,), generator=g)]
+                t = md.antithetic_times(cfg.batch, g)
+                z = md.corrupt(x, t, mask_id, g)
+                target = teacher_targets(lambda v: md.subs(teacher(v), v, mask_id), z, t, delta, cfg.distill_steps,
+                                         mask_id, g)
+                masked = z == mask_id
+                if not masked.any():
+                    continue
+                logp = md.subs(student(z), z, mask_id)
+                loss = divergence(logp[masked], target[masked], cfg.divergence)
+                optimizer_step(loss, opt, sched, student.parameters())
+                ema_update(ema, student, cfg.ema, step0 + i)
+                losses.append(loss.item())
+        k = max(1, len(losses) // 10)  # first and last tenth of the round
+        info = {"loss_start": sum(losses[:k]) / k, "loss_end": sum(losses[-k:]) / k, "teacher_steps": T,
+                "seconds": time.perf_counter() - t0}
+        return {"student": student.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "info": info}
+
+    # ---- sampling -------------------------------------------------------------------------------------------
+    def denoise(self, z: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return md.subs(self.student(z), z, self.teacher.mask_id)
+
+    def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
+        if self.student is None:
+            raise RuntimeError("sdtt: call fit() before sample()")
+        sampling = md.SamplingConfig(self.config.sampling_steps, self.config.cache)
+        return md.sample_ancestral(self.denoise, len(cond), self.teacher.seq_len, self.teacher.mask_id, sampling,
+                                   generator=generator, device=cond.device)
+
+    def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:
+        """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
+        KV cache ("ar") at the same length and batch size."""
+        cfg = self.config
+        arms = {"same_steps": MDLM(self.teacher, md.SamplingConfig(cfg.sampling_steps, cfg.cache))}
+        if cfg.ar_arm:
+            name = self.teacher.companion_lm
+            lm = TEACHERS.get(name).load(name, cache=cache, device=device)
+            arms["ar"] = LM(lm, causal_lm.SamplingConfig(top_p=cfg.ar_top_p))
+        return arms

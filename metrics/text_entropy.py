@@ -1,0 +1,41 @@
+"""Unigram entropy of generated texts, the diversity check MDLM / SDTT (arXiv:2410.21035, Zheng et al. 2024) report next
+to generative perplexity: a sampler that repeats a few tokens scores a deceptively low perplexity and a low entropy.
+
+Per sample: the entropy (nats) of the empirical distribution of its token ids under the teacher's tokenizer
+(`torch.distributions.Categorical`); the metric is the mean over samples.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from bench.registry import METRICS
+from metrics.base import Metric
+
+
+@METRICS.register("entropy")
+class TokenEntropy(Metric):
+    """Mean per-sample unigram entropy (nats) of the token ids of generated texts."""
+
+    name = "entropy"
+    higher_is_better = True
+    modality = "text"
+    extractor = "tokens"
+
+    def __init__(self, teacher, *, cache, device, extractor=None):
+        super().__init__(teacher, cache=cache, device=device)
+        self._values: list[float] = []
+
+    def update(self, texts: list[str], cond) -> None:
+        for ids in self.teacher.tokenizer.encode(list(texts)):
+            counts = torch.tensor(list(Counter(ids).values()), dtype=torch.float64) if ids else torch.ones(1)
+            self._values.append(float(torch.distributions.Categorical(probs=counts / counts.sum()).entropy()))
+
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        if not self._values:
+            raise ValueError(f"{self.name}: compute() before any update()")
+        return {f"{self.name}.{self.extractor}": sum(self._values) / len(self._values)}
+
+    def reset(self) -> None:
+        self._values.clear()

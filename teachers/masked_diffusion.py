@@ -1,0 +1,134 @@
+"""The masked-diffusion LM family (MDLM, Sahoo et al. 2024, arXiv:2406.07524): the protocol methods use, the
+log-linear absorbing-state schedule, the SUBS parameterisation, the NELBO and the ancestral sampler.
+
+The teacher family of SDTT (arXiv:2410.21035). Definitions follow shared/notes/sdtt_self_distillation_through_time.md
+§1: a token is masked with probability 1 - alpha_t = (1 - eps) t; the denoiser is not time-conditioned, so one forward
+pass on z gives x_theta(z) whatever t is; a sampler step from t to s unmasks each masked token with probability
+(t - s) / t, drawing it from x_theta(z), and never changes an unmasked one.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from bench.cache import Cache
+from bench.samples import Samples
+from teachers.discrete_ar import draw
+
+FAMILY = "masked-diffusion-lm"
+SCHEDULE_EPS = 1e-3  # the log-linear schedule's eps: alpha_t = 1 - (1 - eps) t
+SAMPLING_EPS = 1e-5  # the sampler's last time and the smallest training time
+NEG = -1e6  # SUBS' "impossible" log-probability, finite (as in MDLM's code) so that 0 * NEG stays 0 in divergences
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    steps: int = 64  # T ancestral steps from t = 1 to t = SAMPLING_EPS
+    # MDLM's ddpm_cache: the denoiser ignores t, so after a step that unmasks nothing the next forward pass would
+    # return the same x_theta; reuse it (fewer NFE, the same samples). SDTT samples without it.
+    cache: bool = False
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+
+class MaskedDiffusionLM(Protocol):
+    family: ClassVar[str]
+    seq_len: int  # L
+    vocab_size: int  # V real tokens; id V is MASK
+    mask_id: int
+    companion_lm: str  # the registered causal LM trained on the same data and tokenizer (the AR baseline)
+    model: torch.nn.Module  # the denoiser (`teachers.mdlm_net.MDLMNet`): SDTT students are initialised from it
+
+    def denoise(self, z: torch.Tensor) -> torch.Tensor: ...  # (B, L) ids -> (B, L, V + 1) SUBS log-probs
+    def training_chunks(self, cache: Cache) -> torch.Tensor: ...  # (n, L) the data the teacher was trained on
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
+    def decode(self, tokens: torch.Tensor) -> list[str]: ...
+
+
+def mask_prob(t: torch.Tensor) -> torch.Tensor:
+    """1 - alpha_t: the probability that a token is masked at time t."""
+    return (1 - SCHEDULE_EPS) * t
+
+
+def subs(logits: torch.Tensor, z: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """SUBS (MDLM §3.2): logits (B, L, V + 1) at z (B, L) -> log-probs with no mass on MASK and unmasked tokens
+    copied (log-prob 0 on the observed token, NEG elsewhere)."""
+    logits = logits.float().clone()
+    logits[..., mask_id] = NEG
+    logp = F.log_softmax(logits, dim=-1)
+    unmasked = z != mask_id
+    copied = torch.full_like(logp, NEG).scatter_(-1, z.unsqueeze(-1), 0.0)
+    return torch.where(unmasked.unsqueeze(-1), copied, logp)
+
+
+def corrupt(x: torch.Tensor, t: torch.Tensor, mask_id: int, generator: torch.Generator | None) -> torch.Tensor:
+    """q(z_t | x): mask every token of x (B, L) independently with probability 1 - alpha_t, t (B,)."""
+    u = torch.rand(x.shape, generator=generator, device=x.device)
+    return torch.where(u < mask_prob(t)[:, None], torch.full_like(x, mask_id), x)
+
+
+def antithetic_times(batch: int, generator: torch.Generator | None, device=None) -> torch.Tensor:
+    """MDLM's low-discrepancy training times: (u + i / B) mod 1, scaled into [SAMPLING_EPS, 1]. (B,)"""
+    u = torch.rand((), generator=generator, device=device)
+    t = (u + torch.arange(batch, device=device) / batch) % 1
+    return (1 - SAMPLING_EPS) * t + SAMPLING_EPS
+
+
+def nelbo(logits: torch.Tensor, x: torch.Tensor, z: torch.Tensor, t: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """The continuous-time NELBO (MDLM Eq. 10, log-linear schedule) from the denoiser's raw logits (B, L, V + 1): per
+    sequence (1/t) * sum over masked positions of -log x_theta(z)[x], averaged over the L positions as MDLM's code
+    does. (B,)
+
+    Only masked positions carry loss, and there SUBS is a softmax over the real tokens; so the cross-entropy runs on
+    those rows alone, without building the full SUBS tensor (training spends most of its time otherwise in it)."""
+    masked = z == mask_id  # (B, L)
+    nll = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    nll[masked] = F.cross_entropy(logits[masked][:, :mask_id].float(), x[masked], reduction="none")
+    return nll.mean(-1) / t
+
+
+def reverse_step(logp: torch.Tensor, z: torch.Tensor, t: float | torch.Tensor, s: float | torch.Tensor, mask_id: int,
+                 generator: torch.Generator | None) -> torch.Tensor:
+    """One ancestral step z_t -> z_s (MDLM Eq. 7 with SUBS): a masked token stays masked with probability
+    (1 - alpha_s) / (1 - alpha_t), else takes a token drawn from x_theta; unmasked tokens are carried over.
+    t and s are floats or per-sequence (B,) tensors."""
+    mc_t, mc_s = (torch.as_tensor(mask_prob(torch.as_tensor(v, dtype=torch.float64)), device=z.device)
+                  .reshape(-1, 1, 1) for v in (t, s))  # (B or 1, 1, 1)
+    q = logp.double().exp() * (mc_t - mc_s)  # (B, L, V + 1), unnormalised by mc_t (the draw normalises)
+    q[..., mask_id] = mc_s[..., 0]
+    return torch.where(z == mask_id, draw(q, generator), z)
+
+
+def time_grid(steps: int) -> torch.Tensor:
+    """The sampler's times 1 = t_0 > ... > t_T = SAMPLING_EPS. (T + 1,)"""
+    return torch.linspace(1.0, SAMPLING_EPS, steps + 1, dtype=torch.float64)
+
+
+@torch.inference_mode()
+def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], batch: int, seq_len: int, mask_id: int,
+                     s: SamplingConfig, *, generator: torch.Generator, device=None) -> Samples:
+    """T ancestral steps from all-MASK, then MDLM's "noise removal": if a token is still masked, one more forward pass
+    fills every masked token with its argmax. NFE counts real forward passes (fewer than T with `cache`)."""
+    z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
+    ts = time_grid(s.steps).tolist()
+    nfe, logp = 0, None
+    for t, t_next in zip(ts[:-1], ts[1:]):
+        if logp is None or not s.cache:
+            logp, nfe = denoise(z), nfe + 1
+        z_next = reverse_step(logp, z, t, t_next, mask_id, generator)
+        if not torch.equal(z_next, z):
+            logp = None
+        z = z_next
+    masked = z == mask_id
+    if masked.any():
+        if logp is None or not s.cache:
+            logp, nfe = denoise(z), nfe + 1
+        z = torch.where(masked, logp.argmax(-1), z)
+    cond = torch.zeros(batch, 0, dtype=torch.long, device=device)
+    return Samples(z, cond, Counter(nfe=batch * nfe, tokens=batch * seq_len))

@@ -1,0 +1,79 @@
+"""Tiny causal LMs trained on the same chunks and tokenizer as a corpus' MDLM: SDTT's AR baseline with a KV cache
+(arXiv:2410.21035 §4.4, GPT-2 at CPU scale) and a fast evaluator for generative perplexity.
+
+The transformer is `teachers.gpt.GPT` with a one-token condition acting as BOS, so the output at the BOS predicts the
+first token and every token of a chunk is scored and sampled.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from bench.cache import Cache
+from bench.samples import Samples
+from bench.training import ema_update, optimizer_step, warmup_cosine
+from teachers import causal_lm
+from teachers.gpt import GPT, GPTConfig, KVCache
+from teachers.text_data import load_text_data
+from teachers.text_lm import TextTeacher
+
+BOS = 0  # the only condition id
+
+
+class TextGPTTeacher(TextTeacher):
+    family: ClassVar[str] = causal_lm.FAMILY
+    reference_method: ClassVar[str] = "lm"
+    network = (GPT, GPTConfig, "gpt")
+
+    @classmethod
+    def _fit(cls, name: str, cache: Cache) -> dict:
+        r, t0 = cls.recipe, time.perf_counter()
+        data = load_text_data(r.data, cache)
+        cfg = GPTConfig(data.tokenizer.vocab_size, 1, 1, r.data.seq_len, r.n_layer, r.n_head, r.n_embd, r.dropout)
+        model, g = GPT(cfg), torch.Generator().manual_seed(r.seed)
+        ema = copy.deepcopy(model).requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=0.01)
+        sched = warmup_cosine(opt, r.steps)
+        train = data.chunks["train"]
+        for step in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+            x = train[torch.randint(len(train), (r.batch_size,), generator=g)]
+            loss = cls._nll(model, x).mean()
+            optimizer_step(loss, opt, sched, model.parameters())
+            ema_update(ema, model, r.ema, step)
+        with torch.no_grad():
+            valid = torch.cat([cls._nll(ema.eval(), x) for x in data.chunks["valid"].split(256)]).mean().item()
+        info = {"train_loss": loss.item(), "valid_nll_per_token": valid, "valid_ppl": math.exp(valid),
+                "n_params": sum(p.numel() for p in ema.parameters()), "train_seconds": time.perf_counter() - t0}
+        return {"gpt": dataclasses.asdict(cfg), "state_dict": ema.state_dict(), "tokenizer": data.tokenizer.to_json(),
+                "reference": data.chunks["test"], "info": info}
+
+    @staticmethod
+    def _nll(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+        bos = torch.full((len(ids), 1), BOS, dtype=torch.long, device=ids.device)
+        logits = model(bos, ids)  # (B, L, V): row i predicts token i
+        return F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # (B, L)
+
+    # ---- the CausalLM protocol ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def token_nll(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._nll(self.model, ids)
+
+    @torch.inference_mode()
+    def start(self, batch: int) -> tuple[KVCache, torch.Tensor]:
+        cache = self.model.new_cache(batch)
+        bos = torch.full((batch, 1), BOS, dtype=torch.long, device=self.reference.device)
+        return cache, self.model.prefill(bos, cache)
+
+    @torch.inference_mode()
+    def extend(self, state: KVCache, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.extend(tokens, state)
+
+    def sample(self, cond, *, generator, sampling: causal_lm.SamplingConfig) -> Samples:
+        return causal_lm.sample_lm(self, len(cond), sampling, generator=generator, device=cond.device)
