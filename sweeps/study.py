@@ -127,10 +127,11 @@ def open_study(spec: StudySpec, storage, tracker: Tracker) -> optuna.Study:
     return study
 
 
-def finished_run_metrics(tracker: Tracker, key: str) -> dict[str, float] | None:
+def finished_run(tracker: Tracker, key: str) -> tuple[str, dict[str, float]] | None:
+    """(run id, metrics) of a finished run of the trial key, if the experiment has one."""
     runs = tracker.client.search_runs([tracker.experiment_id],
                                       f"tags.trial_key = '{key}' and attributes.status = 'FINISHED'", max_results=1)
-    return dict(runs[0].data.metrics) if runs else None
+    return (runs[0].info.run_id, dict(runs[0].data.metrics)) if runs else None
 
 
 class Objective:
@@ -160,15 +161,19 @@ class Objective:
 
         for step, seed in enumerate(self.spec.seeds):
             t = self.spec.trial(knobs, seed)
-            cached = None if self.force else finished_run_metrics(self.tracker, t.key())
-            if cached is None:
+            found = None if self.force else finished_run(self.tracker, t.key())
+            if found is None:
                 try:
-                    cached = run_trial(t, cache=self.cache, tracker=self.tracker, opts=self.opts, tags=tags,
-                                       on_start=started)
+                    metrics = run_trial(t, cache=self.cache, tracker=self.tracker, opts=self.opts, tags=tags,
+                                        on_start=started)
                 except Exception:
                     self._mark(run_ids, "FAIL")
                     raise
-            per_seed.append(cached)
+            else:  # e.g. the retry of a trial whose worker died after its run finished: the run is this trial's now
+                run_id, metrics = found
+                self.tracker.client.set_tag(run_id, "optuna_trial_number", str(trial.number))
+                started(run_id)
+            per_seed.append(metrics)
             if self.spec.pruner != "none":
                 trial.report(self._value(per_seed, self.spec.objectives[0].metric), step)
                 if trial.should_prune():

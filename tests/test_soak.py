@@ -18,7 +18,7 @@ from sweeps.spec import load_spec
 from sweeps.study import StorageOptions, make_storage, open_study
 
 N_TRIALS = 50
-KILLS = 6
+KILLS = 4
 SPACING = N_TRIALS // (KILLS + 1)  # at most this many complete trials between kills
 
 
