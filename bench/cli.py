@@ -204,6 +204,7 @@ def cmd_lambada(args) -> int:
     from bench.cache import Cache
     from bench.config import build_config
     from bench.registry import METHODS, TEACHERS
+    from bench.runner import check_family
     from bench.tracking import Tracker, tracking_uri
     from metrics.lambada import lambada
 
@@ -213,9 +214,8 @@ def cmd_lambada(args) -> int:
     if args.n < 1:
         raise UserError(f"--n must be >= 1, got {args.n}")
     method_cls = METHODS.get(args.method) if args.method else None
-    if method_cls is not None and teacher_cls.family not in method_cls.families:
-        raise UserError(f"method {args.method!r} does not accept teacher {args.teacher!r} (family "
-                        f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
+    if method_cls is not None:
+        check_family(args.method, method_cls, args.teacher, teacher_cls)
     config = build_config(method_cls.config_class(teacher_cls.family), _parse_params(args.param),
                           owner=f"method {args.method!r}") if method_cls else None
     cache = Cache(args.cache_dir)

@@ -84,14 +84,18 @@ class Plan:
     device: torch.device
 
 
+def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
+    if teacher_cls.family not in method_cls.families:
+        raise UserError(f"method {method!r} does not accept teacher {teacher!r} (family {teacher_cls.family}); it "
+                        f"accepts: {', '.join(method_cls.families)}")
+
+
 def plan(trial: Trial) -> Plan:
     """Validate a trial before any work: names, family compatibility, knobs, batch size, device."""
     teacher_cls = TEACHERS.get(trial.teacher)
     method_cls = METHODS.get(trial.method)
     metrics = [MetricPlan.parse(m) for m in trial.metrics]
-    if teacher_cls.family not in method_cls.families:
-        raise UserError(f"method {trial.method!r} does not accept teacher {trial.teacher!r} (family "
-                        f"{teacher_cls.family}); it accepts: {', '.join(method_cls.families)}")
+    check_family(trial.method, method_cls, trial.teacher, teacher_cls)
     modality = getattr(teacher_cls, "modality", "image")
     for m in metrics:
         if m.cls.modality != modality:
