@@ -129,13 +129,11 @@ def test_journal_backend_with_four_local_workers(tmp_path):
     assert len({t.user_attrs["worker"] for t in ts}) >= 2  # the work was actually shared
 
 
-def test_postgres_four_workers_then_a_killed_worker_is_retried(tmp_path, pg_database):
-    mlflow = f"sqlite:///{tmp_path}/mlflow.db"
+def test_postgres_four_workers(tmp_path, pg_database):
+    """Killed workers on PostgreSQL: tests/test_soak.py."""
     spec = spec_file(tmp_path, n_trials=8)
-    assert sweep(tmp_path, spec, pg_database, "--workers", "4", mlflow=mlflow) == 0
+    assert sweep(tmp_path, spec, pg_database, "--workers", "4") == 0
     _assert_exactly(pg_database, 8)
-
-    _kill_a_worker_mid_trial(tmp_path, pg_database, mlflow)
 
 
 def test_journal_killed_local_worker_is_retried(tmp_path):
