@@ -1,4 +1,5 @@
-"""Reliability: bad input, interruption (Ctrl-C, SIGTERM, SIGKILL + doctor), an unreachable store, determinism."""
+"""Reliability: bad input, interruption (SIGTERM, SIGKILL + doctor), an unreachable store, determinism, budgets and
+sample memory. Cache integrity: tests/test_cache.py; killed sweep workers: tests/test_soak.py."""
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ from bench.suite import load_suite
 from bench.trial import Trial
 from methods.ar import AR
 from sweeps.spec import load_spec
+
 
 def runs(uri: str, experiment: str = "accelbench"):
     client = MlflowClient(uri)
@@ -146,7 +148,7 @@ def test_sigkill_leaves_an_orphan_that_doctor_marks_killed(plugin, tmp_path, cap
     exp = client.get_experiment_by_name("accelbench").experiment_id
     elsewhere = client.create_run(exp, tags={"accelbench.host": "other-host", "accelbench.pid": "1"}).info.run_id
     mine = client.create_run(exp, tags={"accelbench.host": socket.gethostname(), "accelbench.pid": str(os.getpid()),
-                                        "accelbench.pid_started": f"{__import__('psutil').Process().create_time()}"})
+                                        "accelbench.pid_started": f"{psutil.Process().create_time()}"})
 
     assert main(["doctor", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
