@@ -207,6 +207,7 @@ def cmd_lambada(args) -> int:
     from bench.runner import check_family
     from bench.tracking import Tracker, tracking_uri
     from metrics.lambada import lambada
+    from teachers import load_teacher
 
     teacher_cls = TEACHERS.get(args.teacher)
     if getattr(teacher_cls, "modality", "image") != "text":
@@ -220,8 +221,7 @@ def cmd_lambada(args) -> int:
                           owner=f"method {args.method!r}") if method_cls else None
     cache = Cache(args.cache_dir)
     tracker = Tracker(tracking_uri(args.tracking_uri), args.experiment)
-    teacher = teacher_cls.load(args.teacher, cache=cache, device=torch.device("cpu"),
-                               on_trained=tracker.log_training)
+    teacher = load_teacher(args.teacher, cache=cache, device=torch.device("cpu"), on_trained=tracker.log_training)
     method = method_cls(teacher, config) if method_cls else None
     if method is not None:
         method.fit(cache=cache)

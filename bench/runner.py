@@ -31,6 +31,7 @@ from bench.spool import Spool
 from bench.timing import latency_stats, stopwatch
 from bench.tracking import Tracker
 from bench.trial import Trial
+from teachers import load_teacher
 
 
 @dataclass(frozen=True)
@@ -172,15 +173,15 @@ def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) ->
     0..repeats-1: mean, and "<key>.seed_std"."""
     for metric in scorers:
         metric.reset()  # one metric object scores every arm against the same reference side
-    grid, texts = [], []
+    grid, texts = None, []
     for data, cond in spool.chunks(SCORE_CHUNK):
         decoded = teacher.decode(data)  # a (B, C, H, W) image batch, or B strings
         for metric in scorers:
             metric.update(decoded, cond)
         if isinstance(decoded, list):
             texts += decoded
-        elif sum(map(len, grid)) < 64:
-            grid.append(decoded[:64 - sum(map(len, grid))].float().cpu())
+        elif grid is None:  # chunks hold 256 samples: the first has the 64 of the grid
+            grid = decoded[:64].float().cpu()
     values = {}
     for metric in scorers:
         if not metric.stochastic or repeats == 1:
@@ -195,20 +196,9 @@ def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) ->
     from torchvision.utils import save_image
 
     buf = io.BytesIO()
-    big = torch.nn.functional.interpolate(torch.cat(grid), scale_factor=4, mode="nearest")
+    big = torch.nn.functional.interpolate(grid, scale_factor=4, mode="nearest")
     save_image(big, buf, nrow=8, format="png", padding=2, pad_value=0.5)
     return values, f"{name}.png", buf.getvalue()
-
-
-_LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
-
-
-def _teacher(p: Plan, cache: Cache, tracker: Tracker):
-    key = (p.trial.teacher, p.teacher_cls.key(), str(cache.root), str(p.device))
-    if key not in _LOADED:
-        _LOADED[key] = p.teacher_cls.load(p.trial.teacher, cache=cache, device=p.device,
-                                          on_trained=tracker.log_training)
-    return _LOADED[key]
 
 
 def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
@@ -220,7 +210,7 @@ def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions 
     """
     p = plan(trial)
     with budget(opts.time_budget, opts.memory_budget):
-        teacher = _teacher(p, cache, tracker)
+        teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
         # on 1, the tiny samplers no faster.

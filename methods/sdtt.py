@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache, config_key, teacher_key
-from bench.registry import METHODS, TEACHERS
+from bench.registry import METHODS
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step
 from methods.base import Method
 from methods.lm import LM
 from methods.mdlm import MDLM
-from teachers import causal_lm
+from teachers import causal_lm, load_teacher
 from teachers import masked_diffusion as md
 
 Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
@@ -211,6 +211,6 @@ class SDTT(Method):
         arms = {"same_steps": MDLM(self.teacher, md.SamplingConfig(cfg.sampling_steps, cfg.cache))}
         if cfg.ar_arm:
             name = self.teacher.companion_lm
-            lm = TEACHERS.get(name).load(name, cache=cache, device=device)
+            lm = load_teacher(name, cache=cache, device=device)
             arms["ar"] = LM(lm, causal_lm.SamplingConfig(top_p=cfg.ar_top_p))
         return arms

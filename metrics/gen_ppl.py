@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from bench.errors import UserError
-from bench.registry import METRICS, TEACHERS
+from bench.registry import METRICS
 from metrics.base import Metric
-from teachers import smollm2
+from teachers import load_teacher, smollm2
 
 
 class SmolLM2Evaluator:
@@ -46,7 +46,7 @@ class SmolLM2Evaluator:
 class CompanionEvaluator:
     def __init__(self, teacher, cache, device, batch: int = 64):
         self.name = teacher.companion_lm
-        self.lm = TEACHERS.get(self.name).load(self.name, cache=cache, device=device)
+        self.lm = load_teacher(self.name, cache=cache, device=device)
         self.device, self.batch = device, batch
 
     def _ids(self, text: str) -> list[int]:

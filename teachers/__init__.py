@@ -1,5 +1,6 @@
 """Teacher families and the registered tiny teachers."""
 import dataclasses
+from typing import Any
 
 from bench.registry import TEACHERS
 from teachers.image_ar import ImageARRecipe, ImageARTeacher
@@ -71,3 +72,16 @@ class WordNetGPT(TextGPTTeacher):
 
     recipe = TextLMRecipe()
     companion_lm = "wordnet-gpt"
+
+
+_LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
+
+
+def load_teacher(name: str, *, cache, device, on_trained=None):
+    """The registered teacher `name`, loaded (or trained) once per process, cache root and device: shared by the
+    runner, SDTT's causal-LM arm and the tiny gen-PPL evaluator."""
+    cls = TEACHERS.get(name)
+    key = (name, cls.key(), str(cache.root), str(device))
+    if key not in _LOADED:
+        _LOADED[key] = cls.load(name, cache=cache, device=device, on_trained=on_trained)
+    return _LOADED[key]

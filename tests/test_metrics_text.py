@@ -105,7 +105,11 @@ def test_gen_ppl_with_the_tiny_evaluator_is_exact(cache, monkeypatch):
         tokenizer, seq_len = CharTokenizer(27), 16
 
         @classmethod
-        def load(cls, name, *, cache, device):
+        def key(cls):
+            return "fake-lm-v1"
+
+        @classmethod
+        def load(cls, name, *, cache, device, on_trained=None):
             return cls()
 
         def token_nll(self, ids):

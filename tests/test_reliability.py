@@ -113,8 +113,8 @@ def _running(store):
         return False
 
 
-# onestep* first builds Distilled Decoding's (noise, tokens) pairs, a cache entry: ~1.5 s with the slow table teacher
-PAIRS = ["--teacher", "slow-table-ar", "--method", "onestep*", "--param", "n_pairs=2000", "--n-samples", "2"]
+# onestep* first builds Distilled Decoding's (noise, tokens) pairs, a cache entry: ~3 s with the slow table teacher
+PAIRS = ["--teacher", "slow-table-ar", "--method", "onestep*", "--param", "n_pairs=4000", "--n-samples", "2"]
 
 
 def _cache_files(tmp_path):
