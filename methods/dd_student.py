@@ -9,11 +9,12 @@ noise, both in R^C, and predicts every final token at once. As in the released L
   so the output at the position of x_i predicts q_i, and the sequence needs no extra slot;
 - two heads: the teacher's logits head (cross-entropy against the token) and a new embedding head (regression onto the
   codebook vector; the paper's LPIPS term, see `methods.dd`).
-Everything else (condition and position embeddings, blocks, final norm) is a copy of the teacher's transformer.
+Everything else (condition and position embeddings, blocks, final norm) is a copy of the teacher's transformer, with
+the student's own dropout rate (`methods.dd` says why its default is 0).
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import torch
 import torch.nn as nn
@@ -22,9 +23,10 @@ from teachers.gpt import GPT
 
 
 class DDStudent(nn.Module):
-    def __init__(self, teacher_model: GPT, codebook: torch.Tensor):
+    def __init__(self, teacher_model: GPT, codebook: torch.Tensor, dropout: float = 0.0):
         super().__init__()
-        gpt = copy.deepcopy(teacher_model).train()
+        gpt = GPT(dataclasses.replace(teacher_model.cfg, dropout=dropout)).to(codebook.device)
+        gpt.load_state_dict(teacher_model.state_dict())
         self.cond_len, self.seq_len = gpt.cfg.cond_len, gpt.cfg.seq_len
         d, C = gpt.cfg.n_embd, codebook.shape[1]
         self.cond_emb, self.pos_emb, self.drop = gpt.cond_emb, gpt.pos_emb, gpt.drop

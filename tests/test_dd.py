@@ -61,6 +61,19 @@ def test_student_starts_from_the_teacher(tmp_path):
     assert torch.equal(out[:, :5], tokens[:, :5])  # Eq. 6: the data prefix is copied
 
 
+def test_student_dropout_is_its_own():
+    """The student copies the teacher's weights but not its dropout: at 0 a training-mode pass is deterministic."""
+    teacher = tiny_gpt_teacher()
+    cond = teacher.conditions(2, torch.Generator().manual_seed(0))
+    x, is_data = torch.randn(2, teacher.seq_len, 4), torch.zeros(2, teacher.seq_len, dtype=torch.bool)
+    outputs = {}
+    for rate in (0.0, 0.5):
+        student = DDStudent(teacher.model, teacher.codebook, dropout=rate).train()
+        assert torch.equal(student.blocks[0].mlp[0].weight, teacher.model.blocks[0].mlp[0].weight)
+        outputs[rate] = [student(cond, x, is_data)[0] for _ in range(2)]
+    assert torch.equal(*outputs[0.0]) and not torch.equal(*outputs[0.5])
+
+
 def test_student_output_depends_only_on_earlier_positions():
     teacher = tiny_gpt_teacher()
     student = DDStudent(teacher.model, teacher.codebook).eval()
@@ -114,6 +127,9 @@ def test_bad_timesteps_are_refused():
         DD(teacher, DDConfig(steps=2, t2=4, ts=4))
     with pytest.raises(ValueError, match="needs steps=2"):
         DDConfig(ts=2)
+    with pytest.raises(Exception, match="split must be in"):
+        DD(teacher, DDConfig(split=13))
+    assert DD(teacher, DDConfig()).split == 6 and DD(teacher, DDConfig(split=12)).split == 12  # 0.5 * n by default
 
 
 def test_two_token_toy_dd_is_valid_where_onestep_star_is_not(toy, tmp_path):
