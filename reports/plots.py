@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from reports.tables import TrialRun, quality_columns  # noqa: E402
+from reports.tables import TrialRun, quality_columns, shown_knobs  # noqa: E402
 
 WINDOW_KNOBS = ("window", "gamma")
 
@@ -35,23 +35,34 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool) -> l
     return front
 
 
-def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
-    quality = quality_columns(runs)
-    if not quality:
-        return None
-    key, higher = quality[0]
+def _label(r: TrialRun, runs: list[TrialRun], exclude=()) -> str:
+    """The run's method and the knobs that tell it apart, as in the table (runs with one label are averaged)."""
+    knobs = shown_knobs(r, runs, exclude)
+    return r.method if knobs == "—" else f"{r.method} {knobs}"
+
+
+def quality_points(runs: list[TrialRun], key: str) -> dict[str, tuple[float, float]]:
+    """label -> (ms / sample, quality), each the mean over the label's runs (seeds); the teacher per sampling setting."""
     varying = sorted({k for r in runs for k, v in r.ref_knobs.items() if any(o.ref_knobs.get(k) != v for o in runs)})
     groups: dict = {}
     for r in runs:
-        label = r.method + "".join(f" {k}={r.knobs[k]}" for k in r.key_knobs if k in r.knobs)
+        label = _label(r, runs)
         if key in r.metrics:
             groups.setdefault(label, []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
         if f"ref/{key}" in r.metrics:
             setting = "".join(f", {k}={r.ref_knobs[k]}" for k in varying)
             groups.setdefault(f"{r.reference} (teacher{setting})", []).append(
                 (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
-    points = {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
-              for label, v in sorted(groups.items())}
+    return {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
+            for label, v in sorted(groups.items())}
+
+
+def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    quality = quality_columns(runs)
+    if not quality:
+        return None
+    key, higher = quality[0]
+    points = quality_points(runs, key)
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, (t, q) in points.items():
         ax.scatter([t], [q], label=label)
@@ -70,7 +81,7 @@ def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path 
         knob = next((k for k in WINDOW_KNOBS if k in r.knobs), None)
         if knob is None:
             continue
-        label = r.method + "".join(f" {k}={r.knobs[k]}" for k in r.key_knobs if k in r.knobs and k != knob)
+        label = _label(r, runs, exclude=(knob,))
         series.setdefault((label, knob), {}).setdefault(float(r.knobs[knob]), []).append(r.metrics["step_compression"])
     if not series:
         return None

@@ -58,6 +58,15 @@ def _knob_text(knobs: dict, names) -> str:
     return ", ".join(f"{k}={knobs[k]}" for k in names if k in knobs) or "—"
 
 
+def shown_knobs(r: TrialRun, runs: list[TrialRun], exclude=()) -> str:
+    """The knobs that tell `r` apart: its method's key knobs and any knob that varies among the method's runs (the
+    reference arm's sampling settings have their own column)."""
+    varying = sorted({k for o in runs if o.method == r.method for k in o.knobs
+                      if o.knobs[k] != r.knobs.get(k) and k not in r.ref_knobs})
+    names = [k for k in r.key_knobs if k not in r.ref_knobs] + [k for k in varying if k not in r.key_knobs]
+    return _knob_text(r.knobs, [k for k in names if k not in exclude])
+
+
 def quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
     """(metric key, higher is better) for every quality metric any run logged, in a fixed order."""
     cols = {}
@@ -107,11 +116,7 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
 
     groups: dict = {}
     for r in runs:
-        varying = sorted({k for o in runs if o.method == r.method for k in o.knobs
-                          if o.knobs[k] != r.knobs.get(k) and k not in r.ref_knobs})
-        names = [k for k in r.key_knobs if k not in r.ref_knobs] + [k for k in varying if k not in r.key_knobs]
-        key = (r.method, _knob_text(r.knobs, names), sampling(r.ref_knobs), r.n_samples,
-               tuple(sorted(r.knobs.items())))
+        key = (r.method, shown_knobs(r, runs), sampling(r.ref_knobs), r.n_samples, tuple(sorted(r.knobs.items())))
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
     for (method, knobs, samp, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
         rs = [seeds[s] for s in sorted(seeds)]

@@ -4,7 +4,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from bench.cli import main
-from reports.plots import pareto_front
+from reports.plots import pareto_front, quality_points
+from reports.tables import TrialRun
 
 SJD_KNOBS = {"window": "16", "init": "random", "top_k": "0", "temperature": "1.0", "cfg": "1.0", "refine": "True"}
 REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"}
@@ -97,3 +98,19 @@ def test_pareto_front():
     points = [(10, 5.0), (20, 3.0), (15, 6.0), (30, 3.5), (40, 1.0)]
     assert pareto_front(points, higher_is_better=False) == [(10, 5.0), (20, 3.0), (40, 1.0)]
     assert pareto_front(points, higher_is_better=True) == [(10, 5.0), (15, 6.0)]
+
+
+def test_plot_points_keep_apart_runs_that_differ_in_a_non_key_knob():
+    # DD-1 with the paper's split and with logits everywhere: one point each, as in the table, not their average
+    def dd(seed, split, fid):
+        knobs = {"steps": "1", "t2": "0", "ts": "0", "split": split, "cfg": "2.0"}
+        metrics = {"sec_per_sample_median": 0.003, "fid": fid, "ref/sec_per_sample_median": 0.07, "ref/fid": 1.3}
+        return TrialRun("digits-ar-c2i", "dd", seed, 360, knobs, {"cfg": "2.0"}, "ar", metrics,
+                        {"higher_is_better.fid": "false"}, key_knobs=("steps", "t2", "ts"))
+
+    runs = [dd(0, "64", 4.0), dd(1, "64", 4.2), dd(0, "-1", 1.9), dd(1, "-1", 1.7)]
+    points = quality_points(runs, "fid")
+    assert points.keys() == {"dd steps=1, t2=0, ts=0, split=64", "dd steps=1, t2=0, ts=0, split=-1", "ar (teacher)"}
+    assert points["dd steps=1, t2=0, ts=0, split=64"] == pytest.approx((3.0, 4.1))
+    assert points["dd steps=1, t2=0, ts=0, split=-1"] == pytest.approx((3.0, 1.8))
+    assert points["ar (teacher)"] == pytest.approx((70.0, 1.3))
