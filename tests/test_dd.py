@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache
+from bench.errors import UserError
 from methods.dd import DD, DDConfig
 from methods.dd_student import DDStudent
 from methods.onestep import OneStep, OneStepConfig
@@ -121,13 +122,13 @@ def test_samplers_count_their_passes_and_are_deterministic(tmp_path):
 
 def test_bad_timesteps_are_refused():
     teacher = tiny_gpt_teacher()
-    with pytest.raises(Exception, match="t2 must be in"):
+    with pytest.raises(UserError, match="t2 must be in"):
         DD(teacher, DDConfig(t2=13))
-    with pytest.raises(Exception, match="ts must be < t2"):
+    with pytest.raises(UserError, match="ts must be < t2"):
         DD(teacher, DDConfig(steps=2, t2=4, ts=4))
     with pytest.raises(ValueError, match="needs steps=2"):
         DDConfig(ts=2)
-    with pytest.raises(Exception, match="split must be in"):
+    with pytest.raises(UserError, match="split must be in"):
         DD(teacher, DDConfig(split=13))
     assert DD(teacher, DDConfig()).split == 6 and DD(teacher, DDConfig(split=12)).split == 12  # 0.5 * n by default
 
