@@ -30,6 +30,7 @@ from bench.samples import Samples
 from bench.spool import Spool
 from bench.timing import latency_stats, stopwatch
 from bench.tracking import Tracker
+from bench.training import progress_bars
 from bench.trial import Trial
 from teachers import load_teacher
 
@@ -209,7 +210,7 @@ def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions 
     as soon as the run exists, so a caller can find the run of a trial that never returns.
     """
     p = plan(trial)
-    with budget(opts.time_budget, opts.memory_budget):
+    with budget(opts.time_budget, opts.memory_budget), progress_bars(opts.progress):
         teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than

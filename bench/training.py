@@ -2,9 +2,31 @@
 schedule, the optimiser step and the EMA, so every trained object in the suite follows the same conventions."""
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
 
 import torch
+from tqdm import tqdm
+
+_show_bars = True  # set by `progress_bars` (the runner, from RunOptions.progress: the CLI's --no-progress)
+
+
+@contextlib.contextmanager
+def progress_bars(show: bool) -> Iterator[None]:
+    """Whether `training_steps` draws a bar inside the block: a teacher or student is trained deep inside a trial,
+    where no options reach."""
+    global _show_bars
+    before, _show_bars = _show_bars, show
+    try:
+        yield
+    finally:
+        _show_bars = before
+
+
+def training_steps(steps: int, desc: str) -> Iterable[int]:
+    """range(steps), with a progress bar unless the caller of the trial asked for none."""
+    return tqdm(range(steps), desc=desc, unit="step", leave=False, disable=not _show_bars)
 
 
 def warmup_cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:

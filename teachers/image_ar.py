@@ -13,11 +13,10 @@ from typing import Callable, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import optimizer_step, warmup_cosine
+from bench.training import optimizer_step, training_steps, warmup_cosine
 from teachers import discrete_ar
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import ImageDataset, caption_table, load_image_dataset
@@ -135,7 +134,7 @@ class ImageARTeacher(RecipeTeacher):
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.01, betas=(0.9, 0.95))
         sched = warmup_cosine(opt, r.steps)
         model.train()
-        for _ in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+        for _ in training_steps(r.steps, f"training teacher {name}"):
             idx = torch.randint(len(tokens), (r.batch_size,), generator=g)
             cond = cls._conds(table, train.labels[idx], g)
             drop = torch.rand(r.batch_size, generator=g) < r.cond_dropout

@@ -14,11 +14,10 @@ from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import ema_update, optimizer_step, warmup_cosine
+from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers import ode_diffusion
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
@@ -80,7 +79,7 @@ class ImageDiTTeacher(RecipeTeacher):
             return F.mse_loss(m(a.sqrt() * images + (1 - a).sqrt() * noise, t, labels), noise)
 
         x, y = train.images * 2 - 1, train.labels
-        for step in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+        for step in training_steps(r.steps, f"training teacher {name}"):
             idx = torch.randint(len(x), (r.batch_size,), generator=g)
             labels = torch.where(torch.rand(r.batch_size, generator=g) < r.label_dropout, cfg.n_classes, y[idx])
             loss = loss_of(model, x[idx], labels, g)

@@ -16,11 +16,10 @@ from typing import Callable, ClassVar
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import optimizer_step, warmup_cosine
+from bench.training import optimizer_step, training_steps, warmup_cosine
 from teachers import continuous_ar
 from teachers.recipes import RecipeTeacher
 from teachers.datasets import caption_table, load_image_dataset
@@ -175,7 +174,7 @@ class ImageMARTeacher(RecipeTeacher):
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.95))
         sched = warmup_cosine(opt, r.steps)
         model.train()
-        for _ in tqdm(range(r.steps), desc=f"training {which} of {name}", unit="step", leave=False):
+        for _ in training_steps(r.steps, f"training {which} of {name}"):
             idx = torch.randint(len(tokens), (r.batch_size,), generator=g)
             cond = labels[idx, None] + 1
             cond[torch.rand(r.batch_size, generator=g) < r.cond_dropout] = NULL

@@ -14,11 +14,10 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import ema_update, optimizer_step, warmup_cosine
+from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers import causal_lm
 from teachers.gpt import GPT, GPTConfig, KVCache
 from teachers.text_data import load_text_data
@@ -42,7 +41,7 @@ class TextGPTTeacher(TextTeacher):
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, betas=(0.9, 0.95), weight_decay=0.01)
         sched = warmup_cosine(opt, r.steps)
         train = data.chunks["train"]
-        for step in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+        for step in training_steps(r.steps, f"training teacher {name}"):
             x = train[torch.randint(len(train), (r.batch_size,), generator=g)]
             loss = cls._nll(model, x).mean()
             optimizer_step(loss, opt, sched, model.parameters())

@@ -16,11 +16,10 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from bench.cache import Cache
 from bench.samples import Samples
-from bench.training import ema_update, optimizer_step, warmup_cosine
+from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers import masked_diffusion as md
 from teachers.mdlm_net import MDLMNet, MDLMNetConfig
 from teachers.text_data import load_text_data
@@ -46,7 +45,7 @@ class TextMDLMTeacher(TextTeacher):
         opt = torch.optim.AdamW(model.parameters(), lr=r.lr, betas=(0.9, 0.999), weight_decay=0.0)
         sched = warmup_cosine(opt, r.steps)
         train, mask_id = data.chunks["train"], cfg.vocab_size
-        for step in tqdm(range(r.steps), desc=f"training teacher {name}", unit="step", leave=False):
+        for step in training_steps(r.steps, f"training teacher {name}"):
             x = train[torch.randint(len(train), (r.batch_size,), generator=g)]
             t = md.antithetic_times(r.batch_size, g)
             z = md.corrupt(x, t, mask_id, g)

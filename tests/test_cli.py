@@ -257,3 +257,17 @@ def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe,
     finally:
         torch.set_num_threads(1)
     assert seen["fit"] == [2] and set(seen["sample"]) == {1}
+
+
+def test_no_progress_reaches_the_teachers_training_loop(tiny_recipe, store, tmp_path, monkeypatch):
+    """--no-progress hides the bar of a teacher trained inside the trial too. tqdm is silenced in the tests
+    (TQDM_DISABLE), so the switch is read off the bars' arguments."""
+    import bench.training
+
+    bars, real = [], bench.training.tqdm
+    monkeypatch.setattr(bench.training, "tqdm", lambda it, **kw: bars.append((kw["desc"], kw["disable"])) or real(it))
+    trial = ["--teacher", "digits-ar-t2i", "--method", "ar", "--n-samples", "2"]
+    assert run_cli(store, tmp_path / "quiet", *trial) == 0
+    assert cli.main(["run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "shown"), "--warmup", "0",
+                     *trial]) == 0
+    assert bars == [("training teacher digits-ar-t2i", True), ("training teacher digits-ar-t2i", False)]
