@@ -13,9 +13,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from reports.tables import TrialRun, quality_columns, shown_knobs  # noqa: E402
+from reports.tables import TrialRun, natural, quality_columns, shown_knobs  # noqa: E402
 
 WINDOW_KNOBS = ("window", "gamma")
+MARKERS = "os^Dv"
 
 
 def _save(fig, path: Path) -> Path:
@@ -54,7 +55,7 @@ def quality_points(runs: list[TrialRun], key: str) -> dict[str, tuple[float, flo
             groups.setdefault(f"{r.reference} (teacher{setting})", []).append(
                 (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
     return {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
-            for label, v in sorted(groups.items())}
+            for label, v in sorted(groups.items(), key=lambda kv: natural(kv[0]))}
 
 
 def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
@@ -64,8 +65,8 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     key, higher = quality[0]
     points = quality_points(runs, key)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, (t, q) in points.items():
-        ax.scatter([t], [q], label=label)
+    for i, (label, (t, q)) in enumerate(points.items()):
+        ax.scatter([t], [q], label=label, marker=MARKERS[i // 10 % len(MARKERS)])  # the colour cycle repeats at 10
     front = pareto_front(list(points.values()), higher)
     ax.plot([t for t, _ in front], [q for _, q in front], "k--", lw=1, label="Pareto front")
     ax.set_xlabel("ms / sample (median, mean over seeds)")
