@@ -3,7 +3,8 @@
 The watchdog polls wall time and the process's resident memory (torch and every loaded library included) and, on a
 breach, interrupts the main thread, which raises `BudgetExceeded` at its next Python instruction: the MLflow run ends
 FAILED with the reason, the CLI prints one line and exits non-zero. A single long native call (one huge matmul) is
-interrupted when it returns.
+interrupted when it returns; native code that turns the interrupt into an error of its own still ends the trial with
+`BudgetExceeded`.
 """
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def budget(seconds: float = 0.0, memory_mb: float = 0.0) -> Iterator[None]:
     watcher.start()
     try:
         yield
+    except BudgetExceeded:
+        raise
+    except Exception as exc:
+        if reason:  # the interrupt landed in Python code called from native code (torch.save's writer), which
+            raise BudgetExceeded(f"trial stopped: {reason[0]}") from exc  # re-raised it as an error of its own
+        raise
     finally:
         done.set()
         watcher.join()

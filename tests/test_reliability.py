@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
+from bench.budget import BudgetExceeded, budget
 from bench.cache import decode
 from bench.cli import main
 from bench.errors import UserError
@@ -266,6 +267,19 @@ def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_pat
     err = capsys.readouterr().err.strip()
     assert code == 2 and "time budget of 1.5 s exceeded" in err and time.perf_counter() - t0 < 30
     assert [r.info.status for r in runs(store)] == ["FAILED"]
+
+
+def test_an_interrupt_that_native_code_turns_into_its_own_error_still_reads_as_the_budget():
+    # As torch.save does when the interrupt lands in the Python file writer it calls ("basic_ios::clear")
+    with pytest.raises(BudgetExceeded, match="time budget of 0.1 s exceeded") as caught:
+        with budget(seconds=0.1):
+            try:
+                time.sleep(10)
+            except BudgetExceeded:
+                raise RuntimeError("basic_ios::clear: iostream error") from None
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="unrelated"), budget(seconds=10):
+        raise RuntimeError("unrelated")  # within the budget an error is left as it is
 
 
 def test_samples_are_not_kept_in_memory_while_sampling(plugin, tmp_path, monkeypatch):
