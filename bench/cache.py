@@ -121,8 +121,11 @@ class Cache:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def get_or_build(self, kind: str, key: str, build: Callable[[], Any]) -> tuple[Any, bool]:
-        """Return (object, was_cached)."""
+    def get_or_build(self, kind: str, key: str | None, build: Callable[[], Any]) -> tuple[Any, bool]:
+        """Return (object, was_cached). A None key (`keyed` of a teacher without a recipe key) builds without
+        caching: nothing determines such an object that a later process could match."""
+        if key is None:
+            return build(), False
         obj = self.load(kind, key)
         if obj is not None:
             return obj, True
@@ -157,3 +160,10 @@ def teacher_key(teacher) -> str | None:
     """A registered teacher's recipe key; None for a teacher without one (test fakes): nothing keyed by it is cached."""
     key = getattr(type(teacher), "key", None)
     return key() if key is not None else None
+
+
+def keyed(teacher, *parts: Any) -> str | None:
+    """The cache key of what `teacher` and `parts` determine; None (build, do not cache) for a teacher without a
+    recipe key."""
+    tkey = teacher_key(teacher)
+    return None if tkey is None else config_key(tkey, *parts)

@@ -1,7 +1,9 @@
 """Validation of knobs against a frozen config dataclass.
 
-Every method (and teacher) declares its knobs as a frozen dataclass; `build_config` turns a loose mapping (from the
-CLI or YAML) into an instance, refusing unknown knobs and ill-typed values with a message naming the knob.
+Every method declares its knobs as a frozen dataclass; `build_config` turns a loose mapping (from the CLI or YAML)
+into an instance, refusing unknown knobs and ill-typed values with a message naming the knob. A field whose type is
+itself a dataclass (a method's `sampling`, its family's `SamplingConfig`) is embedded: its knobs are addressed flat,
+by their own names, and `config_dict` flattens them back, so a knob name means one thing in a config.
 """
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ import dataclasses
 import typing
 from typing import Any, Mapping
 
-import yaml
-
 from bench.errors import UserError
 
 
 def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> dict:
     """Load a YAML file that must hold a mapping (of only `fields`, when given); every error names the file."""
+    import yaml  # here, not at the top: the GPU check runs the methods with torch and pure-Python wheels alone
+
     try:
         with open(path) as fh:
             data = yaml.safe_load(fh)
@@ -38,22 +40,57 @@ def check_seeds(seeds, where: str) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def build_config(cls: type, params: Mapping[str, Any], *, owner: str) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+def knobs(cls: type) -> dict[str, tuple[Any, str | None]]:
+    """Every knob of a config class: name -> (type, the embedded field it belongs to, or None for its own)."""
     hints = typing.get_type_hints(cls)
-    values = {}
+    out: dict[str, tuple[Any, str | None]] = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            inner = typing.get_type_hints(hints[f.name])
+            group = {g.name: (inner[g.name], f.name) for g in dataclasses.fields(hints[f.name])}
+        else:
+            group = {f.name: (hints[f.name], None)}
+        clash = sorted(set(group) & set(out))
+        if clash:  # a programming error in the config class, not a bad request
+            raise TypeError(f"{cls.__name__}: knob {clash[0]!r} is declared twice (a method knob may not share a "
+                            f"name with its sampling settings)")
+        out.update(group)
+    return out
+
+
+def build_config(cls: type, params: Mapping[str, Any], *, owner: str) -> Any:
+    declared = knobs(cls)
+    own: dict[str, Any] = {}
+    embedded: dict[str, dict[str, Any]] = {}
     for name, raw in params.items():
-        if name not in fields:
-            raise UserError(f"{owner}: unknown knob {name!r}; valid: {', '.join(sorted(fields)) or '(none)'}")
-        values[name] = _coerce(raw, hints[name], f"{owner}: knob {name!r}")
+        if name not in declared:
+            raise UserError(f"{owner}: unknown knob {name!r}; valid: {', '.join(sorted(declared)) or '(none)'}")
+        hint, group = declared[name]
+        value = _coerce(raw, hint, f"{owner}: knob {name!r}")
+        if group is None:
+            own[name] = value
+        else:
+            embedded.setdefault(group, {})[name] = value
     try:
-        return cls(**values)
+        for group, values in embedded.items():
+            own[group] = dataclasses.replace(_field_default(cls, group), **values)
+        return cls(**own)
     except (ValueError, TypeError) as exc:
         raise UserError(f"{owner}: {exc}") from None
 
 
+def _field_default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
 def config_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config's knobs, flat: embedded configs' fields by their own names."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out.update(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else {f.name: value})
+    return out
 
 
 def _coerce(raw: Any, hint: Any, where: str) -> Any:

@@ -1,62 +1,83 @@
-"""Name -> class registries for teachers, methods and metrics (lm-eval style).
+"""Name -> entry registries for teachers, methods and metrics (lm-eval style), resolved lazily.
 
-An unknown name is a `UserError` that lists the valid names, so a typo on the command line is one clear line.
+A package declares its entries as import paths (`METHODS.register("sjd", "methods.sjd:SJD")` in
+`methods/__init__.py`); an entry's module is imported the first time its name is looked up, so importing one method
+imports no other. Plugins may register objects directly (`@METHODS.register("my-method")`). The built-in packages
+and the modules named by `ACCELBENCH_PLUGINS` (comma-separated, imported in every process, sweep workers included)
+are read on the first lookup. An unknown name is a `UserError` that lists the valid names, so a typo on the command
+line is one clear line.
 """
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 from bench.errors import UserError
 
-T = TypeVar("T")
+# Packages whose __init__ declares the built-in entries (import paths only: reading them imports no entry).
+BUILTIN_PACKAGES = ("teachers", "methods", "metrics")
+PLUGINS_ENV = "ACCELBENCH_PLUGINS"
 
 
-class Registry(Generic[T]):
+class Registry:
     def __init__(self, kind: str):
         self.kind = kind
-        self._entries: dict[str, T] = {}
+        self._entries: dict[str, Any] = {}  # name -> the entry, or its "module:attribute" path until first use
 
-    def register(self, name: str) -> Callable[[T], T]:
-        def add(obj: T) -> T:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
-            self._entries[name] = obj
-            return obj
+    def register(self, name: str, target: Any = None) -> Callable[[Any], Any] | None:
+        """Register `target` (an object, or a "module:attribute" path imported on first use) under `name`; without
+        a target, a decorator that registers what it decorates."""
+        if target is None:
+            def add(obj: Any) -> Any:
+                self.register(name, obj)
+                return obj
 
-        return add
+            return add
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} registered twice")
+        if isinstance(target, str) and ":" not in target:
+            raise ValueError(f"{self.kind} {name!r}: an import path is 'module:attribute', got {target!r}")
+        self._entries[name] = target
+        return None
 
-    def get(self, name: str) -> T:
-        _load_builtin_entries()
+    def get(self, name: str) -> Any:
+        _load_declarations()
         try:
-            return self._entries[name]
+            entry = self._entries[name]
         except KeyError:
             raise UserError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}") from None
+        if isinstance(entry, str):
+            module, _, attr = entry.partition(":")
+            entry = self._entries[name] = getattr(importlib.import_module(module), attr)
+        return entry
 
     def names(self) -> list[str]:
-        _load_builtin_entries()
+        _load_declarations()
         return sorted(self._entries)
 
-    def items(self) -> Iterator[tuple[str, T]]:
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """Every entry, resolved (imports every module behind the registry)."""
         for name in self.names():
-            yield name, self._entries[name]
+            yield name, self.get(name)
 
 
-TEACHERS: Registry = Registry("teacher")
-METHODS: Registry = Registry("method")
-METRICS: Registry = Registry("metric")
+TEACHERS = Registry("teacher")
+METHODS = Registry("method")
+METRICS = Registry("metric")
+_loaded: set[str] = set()
 
 
-def _load_builtin_entries() -> None:
-    # Registration happens at import of the packages; importing here (not at module top) avoids import cycles.
-    import methods  # noqa: F401
-    import metrics  # noqa: F401
-    import teachers  # noqa: F401
-
-    # ACCELBENCH_PLUGINS: comma-separated modules that register more entries (in every process, workers included).
-    for module in filter(None, os.environ.get("ACCELBENCH_PLUGINS", "").split(",")):
+def _load_declarations() -> None:
+    plugins = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
+    for module in (*BUILTIN_PACKAGES, *plugins):
+        if module in _loaded:
+            continue
+        _loaded.add(module)
         try:
-            importlib.import_module(module.strip())
+            importlib.import_module(module)
         except ImportError as exc:
-            raise UserError(f"cannot import plugin {module!r} from ACCELBENCH_PLUGINS: {exc}") from None
+            if module in BUILTIN_PACKAGES:
+                raise
+            _loaded.discard(module)
+            raise UserError(f"cannot import plugin {module!r} from {PLUGINS_ENV}: {exc}") from None

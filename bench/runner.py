@@ -1,18 +1,20 @@
 """The runner: one trial = teacher -> fit -> warm-up -> timed sampling of both arms -> metrics -> one MLflow run.
 
-The reference arm (the teacher's own sampler with the method's sampling settings) runs in the same process, on the
-same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up is a ratio
-measured side by side under the same machine load.
+The reference arm (the teacher's own sampler, its family's, with the method's `sampling` config) runs in the same
+process, on the same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up
+is a ratio measured side by side under the same machine load.
+
+`plan` validates a trial once, before any work; `run_trial` and `run_task` (an evaluation of the method's model that
+is not sampling, e.g. `metrics.lambada`) take the plan and run it the same way: under the budgets, with training
+runs reported to the tracker, as one MLflow run.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -29,9 +31,10 @@ from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
 from bench.spool import Spool
 from bench.timing import latency_stats, stopwatch
-from bench.tracking import Tracker
-from bench.training import progress_bars
+from bench.tracking import RunLog, Tracker
+from bench.training import progress_bars, threads, training_reports
 from bench.trial import Trial
+from methods.base import OwnSampler
 from teachers import load_teacher
 
 
@@ -80,31 +83,48 @@ class Plan:
     teacher_cls: Any
     method_cls: Any
     config: Any
-    reference: str
-    reference_config: Any
     metrics: list[MetricPlan]
     device: torch.device
 
+    @property
+    def sampling(self) -> Any:
+        """The family's sampling settings in the method's config: what the reference arm samples with."""
+        return self.method_cls.sampling_of(self.config)
+
+    @property
+    def reference(self) -> str:
+        """The name of the reference arm's sampler (the family's own sampler's registry name)."""
+        return self.teacher_cls.family.sampler
+
 
 def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
-    if teacher_cls.family not in method_cls.families:
-        raise UserError(f"method {method!r} does not accept teacher {teacher!r} (family {teacher_cls.family}); it "
-                        f"accepts: {', '.join(method_cls.families)}")
+    family = teacher_cls.family
+    if family not in method_cls.families:
+        raise UserError(f"method {method!r} does not accept teacher {teacher!r} (family {family}); it accepts: "
+                        f"{', '.join(str(f) for f in method_cls.families)}")
+    if teacher_cls.modality not in method_cls.modalities:
+        raise UserError(f"method {method!r} needs a teacher that generates {' or '.join(method_cls.modalities)}; "
+                        f"teacher {teacher!r} generates {teacher_cls.modality}")
 
 
 def plan(trial: Trial) -> Plan:
-    """Validate a trial before any work: names, family compatibility, knobs, batch size, device."""
+    """Validate a trial before any work: names, family and modality, knobs, batch size, device, the teacher's files."""
     teacher_cls = TEACHERS.get(trial.teacher)
     method_cls = METHODS.get(trial.method)
     metrics = [MetricPlan.parse(m) for m in trial.metrics]
     check_family(trial.method, method_cls, trial.teacher, teacher_cls)
-    modality = getattr(teacher_cls, "modality", "image")
     for m in metrics:
-        if m.cls.modality != modality:
-            valid = sorted(name for name, cls in METRICS.items() if cls.modality == modality)
+        if m.cls.modality != teacher_cls.modality:
+            valid = sorted(name for name, cls in METRICS.items() if cls.modality == teacher_cls.modality)
             raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
-                            f"generates {modality}; valid metrics: {', '.join(valid)}")
-    config = build_config(method_cls.config_class(teacher_cls.family), trial.params, owner=f"method {trial.method!r}")
+                            f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
+    owner = f"method {trial.method!r}"
+    config = build_config(method_cls.config_class(teacher_cls.family), trial.params, owner=owner)
+    if teacher_cls.family.check is not None:
+        try:
+            teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
+        except ValueError as exc:
+            raise UserError(f"{owner} on teacher {trial.teacher!r}: {exc}") from None
     if method_cls.batch_size_one and trial.batch_size != 1:
         raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
                         f"got {trial.batch_size}")
@@ -112,13 +132,11 @@ def plan(trial: Trial) -> Plan:
         device = resolve_device(trial.device)
     except RuntimeError:
         raise UserError(f"trial: unknown device {trial.device!r}; use auto, cpu, cuda or cuda:N") from None
-    ref_cls = METHODS.get(teacher_cls.reference_method)
-    ref_config_cls = ref_cls.config_class(teacher_cls.family)
-    shared = {f.name for f in dataclasses.fields(ref_config_cls)}
-    ref_config = ref_config_cls(**{k: v for k, v in config_dict(config).items() if k in shared})
+    missing = getattr(teacher_cls, "unavailable", lambda: None)()
+    if missing:
+        raise UserError(f"teacher {trial.teacher!r}: {missing}")
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
-    return Plan(resolved, teacher_cls, method_cls, config, teacher_cls.reference_method, ref_config,
-                metrics, device)
+    return Plan(resolved, teacher_cls, method_cls, config, metrics, device)
 
 
 @dataclass
@@ -202,75 +220,87 @@ def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) ->
     return values, f"{name}.png", buf.getvalue()
 
 
-def run_trial(trial: Trial, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
-              tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Run one trial and log it as one MLflow run; returns the logged metrics.
+@dataclass
+class Context:
+    """What a trial's body gets: the plan, the loaded teacher, the fitted method, the open run."""
 
-    `tags` are added to the run (a sweep's parent run id, study and trial number); `on_start` receives the run id
-    as soon as the run exists, so a caller can find the run of a trial that never returns.
-    """
-    p = plan(trial)
-    with budget(opts.time_budget, opts.memory_budget), progress_bars(opts.progress):
-        teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, on_trained=tracker.log_training)
+    plan: Plan
+    teacher: Any
+    method: Any
+    fit_info: dict[str, float]
+    cache: Cache
+    log: RunLog
+
+
+def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, name: str, cache: Cache,
+            tracker: Tracker, opts: RunOptions, tags: dict[str, str] | None = None,
+            on_start: Callable[[str], None] | None = None) -> dict[str, float]:
+    """The shared path of every evaluation of a plan: budgets, progress switch, training runs reported to the
+    tracker, the teacher loaded, one MLflow run (tagged `accelbench.kind` = `kind`) with the trial's params, the
+    method built and fitted, then `body`, whose metrics are logged. `on_start` receives the run id as soon as the run
+    exists, so a caller can find the run of a trial that never returns."""
+    t = p.trial
+    with budget(opts.time_budget, opts.memory_budget), progress_bars(opts.progress), \
+            training_reports(tracker.log_training):
+        teacher = load_teacher(t.teacher, cache=cache, device=p.device)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
         # on 1, the tiny samplers no faster.
         training_threads = torch.get_num_threads()
-        with _threads(opts.threads):
-            return _run(p, teacher, cache, tracker, opts, tags or {}, on_start, training_threads)
+        with threads(opts.threads), tracker.run(name, {
+                "accelbench.kind": kind, "trial_key": t.key(), "teacher_key": str(p.teacher_cls.key()),
+                "family": str(p.teacher_cls.family), **environment_tags(p.device), **(tags or {})}) as log:
+            if on_start is not None:
+                on_start(log.run_id)
+            params = {k: v for k, v in t.to_dict().items() if k != "params"}
+            params.update({f"params.{k}": v for k, v in t.params.items()})
+            params.update({f"ref.{k}": v for k, v in config_dict(p.sampling).items()})
+            params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
+                           "threads": opts.threads})
+            log.log(params=params)
+            method = p.method_cls(teacher, p.config)
+            with threads(training_threads):
+                fit_info = method.fit(cache=cache)
+            metrics = body(Context(p, teacher, method, fit_info, cache, log))
+            log.log(metrics=metrics)
+    return metrics
 
 
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run(p: Plan, teacher, cache: Cache, tracker: Tracker, opts: RunOptions, extra_tags, on_start,
-         training_threads: int) -> dict[str, float]:
+def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
+              tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Run one planned trial and log it as one MLflow run; returns the logged metrics. `tags` are added to the run
+    (a sweep's parent run id, study and trial number)."""
     t = p.trial
-    tags = {"accelbench.kind": "trial", "trial_key": t.key(), "teacher_key": p.teacher_cls.key(),
-            "family": p.teacher_cls.family, **environment_tags(p.device), **extra_tags}
-    with tracker.run(f"{t.method}:{t.teacher}:s{t.seed}", tags) as log:
-        if on_start is not None:
-            on_start(log.run_id)
-        params = {k: v for k, v in t.to_dict().items() if k != "params"}
-        params.update({f"params.{k}": v for k, v in t.params.items()})
-        params.update({f"ref.{k}": v for k, v in config_dict(p.reference_config).items()})
-        params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
-                       "threads": opts.threads})
-        log.log(params=params)
-        method = p.method_cls(teacher, p.config)
-        with _threads(training_threads):
-            fit_info = method.fit(cache=cache)
-        arms = {"method": method, "ref": METHODS.get(p.reference)(teacher, p.reference_config),
-                **method.extra_arms(cache=cache, device=p.device)}
-        conds = teacher.conditions(t.n_samples, torch.Generator().manual_seed(t.seed)).to(p.device)
-        metrics = {f"fit/{k}": v for k, v in fit_info.items()}
-        scorers = [m.cls(teacher, cache=cache, device=p.device, extractor=m.extractor)
-                   for m in p.metrics if m.unavailable is None]
-        files = {}
-        with tempfile.TemporaryDirectory(prefix="accelbench-samples-") as folder:
-            results = _sample_arms(arms, conds, t, opts, p.device, Path(folder))
-            for name, r in results.items():
-                prefix = "" if name == "method" else f"{name}/"
-                arm = _arm_metrics(r, t.n_samples)
-                values, file_name, content = _score_arm(r.spool, arms[name].teacher, scorers, t.metric_repeats,
-                                                        "samples" if name == "method" else f"{name}_samples")
-                metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
-                files[file_name] = content
-        metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
-        metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
-        log.log(metrics=metrics, tags={
-            "key_knobs": ",".join(p.method_cls.key_knobs),
-            # Directions travel with the numbers, so a report needs nothing but the store.
-            **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
-               for m in p.metrics for k in metrics
-               if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
-            **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable}})
-        log.log_files({**files, "trial.yaml": t.to_yaml().encode()})
+    return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=f"{t.method}:{t.teacher}:s{t.seed}",
+                   cache=cache, tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+
+
+def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
+    p, t, teacher, method = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method
+    arms = {"method": method, "ref": OwnSampler(teacher, p.sampling),
+            **method.extra_arms(cache=ctx.cache, device=p.device)}
+    conds = teacher.conditions(t.n_samples, torch.Generator(p.device).manual_seed(t.seed)).to(p.device)
+    metrics = {f"fit/{k}": v for k, v in ctx.fit_info.items()}
+    scorers = [m.cls(teacher, cache=ctx.cache, device=p.device, extractor=m.extractor)
+               for m in p.metrics if m.unavailable is None]
+    files = {}
+    with tempfile.TemporaryDirectory(prefix="accelbench-samples-") as folder:
+        results = _sample_arms(arms, conds, t, opts, p.device, Path(folder))
+        for name, r in results.items():
+            prefix = "" if name == "method" else f"{name}/"
+            arm = _arm_metrics(r, t.n_samples)
+            values, file_name, content = _score_arm(r.spool, arms[name].teacher, scorers, t.metric_repeats,
+                                                    "samples" if name == "method" else f"{name}_samples")
+            metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
+            files[file_name] = content
+    metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
+    metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
+    ctx.log.log(tags={
+        "key_knobs": ",".join(p.method_cls.key_knobs),
+        # Directions travel with the numbers, so a report needs nothing but the store.
+        **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
+           for m in p.metrics for k in metrics
+           if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
+        **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable}})
+    ctx.log.log_files({**files, "trial.yaml": t.to_yaml().encode()})
     return metrics

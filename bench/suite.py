@@ -9,7 +9,7 @@ from tqdm import tqdm
 from bench.cache import Cache
 from bench.config import check_seeds, read_yaml_mapping
 from bench.errors import UserError
-from bench.runner import RunOptions, plan, run_trial
+from bench.runner import Plan, RunOptions, plan, run_trial
 from bench.tracking import Tracker
 from bench.trial import Trial
 
@@ -19,7 +19,7 @@ SUITE_FIELDS = {"experiment", "seeds", "defaults", "trials"}
 @dataclass(frozen=True)
 class Suite:
     experiment: str
-    trials: tuple[Trial, ...]  # resolved (every knob filled in), one per (entry, seed)
+    plans: tuple[Plan, ...]  # planned (every knob resolved), one per (entry, seed)
 
 
 def load_suite(path: str) -> Suite:
@@ -33,17 +33,17 @@ def load_suite(path: str) -> Suite:
     entries = data.get("trials")
     if not isinstance(defaults, dict) or not isinstance(entries, list) or not entries:
         raise UserError(f"suite file {path}: 'defaults' must be a mapping and 'trials' a non-empty list")
-    trials = []
+    plans = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise UserError(f"suite file {path}: trial {i} must be a mapping")
         for seed in seeds:
             merged: dict[str, Any] = {**defaults, **entry, "seed": seed}
             try:
-                trials.append(plan(Trial.from_mapping(merged)).trial)
+                plans.append(plan(Trial.from_mapping(merged)))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
-    return Suite(experiment, tuple(trials))
+    return Suite(experiment, tuple(plans))
 
 
 def finished_keys(tracker: Tracker) -> set[str]:
@@ -56,7 +56,7 @@ def finished_keys(tracker: Tracker) -> set[str]:
 def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions, force: bool = False) -> tuple[int, int]:
     """Run every trial that has no finished run in the experiment yet; returns (ran, skipped)."""
     done = set() if force else finished_keys(tracker)
-    todo = [t for t in suite.trials if t.key() not in done]
-    for trial in tqdm(todo, desc=f"suite {suite.experiment}", unit="trial", disable=not opts.progress):
-        run_trial(trial, cache=cache, tracker=tracker, opts=opts)
-    return len(todo), len(suite.trials) - len(todo)
+    todo = [p for p in suite.plans if p.trial.key() not in done]
+    for p in tqdm(todo, desc=f"suite {suite.experiment}", unit="trial", disable=not opts.progress):
+        run_trial(p, cache=cache, tracker=tracker, opts=opts)
+    return len(todo), len(suite.plans) - len(todo)

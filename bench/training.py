@@ -1,15 +1,18 @@
-"""Training helpers shared by the teachers' recipes and the distillation methods (DD, ARD): the learning-rate
-schedule, the optimiser step and the EMA, so every trained object in the suite follows the same conventions."""
+"""Training helpers shared by the teachers' recipes, the metrics' feature extractors and the distillation methods:
+the learning-rate schedule, the optimiser step, the EMA, thread pinning, progress bars and the report of a training
+to the trial's tracker, so every trained object in the suite follows the same conventions."""
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 _show_bars = True  # set by `progress_bars` (the runner, from RunOptions.progress: the CLI's --no-progress)
+_reporter: Callable[[str, str, dict, dict], None] | None = None  # set by `training_reports` (the runner)
 
 
 @contextlib.contextmanager
@@ -22,6 +25,38 @@ def progress_bars(show: bool) -> Iterator[None]:
         yield
     finally:
         _show_bars = before
+
+
+@contextlib.contextmanager
+def training_reports(report: Callable[[str, str, dict, dict], None] | None) -> Iterator[None]:
+    """Inside the block, every training of a registered object (`report_training`) goes to `report(name, key,
+    params, info)`: a teacher, a companion LM or an evaluator trained on first use deep inside a trial is logged like
+    the trial itself."""
+    global _reporter
+    before, _reporter = _reporter, report
+    try:
+        yield
+    finally:
+        _reporter = before
+
+
+def report_training(name: str, key: str, params: dict[str, Any], info: dict[str, float]) -> None:
+    """Tell the caller of the trial (if it listens) that `name` was just trained under cache key `key`."""
+    if _reporter is not None:
+        _reporter(name, key, params, info)
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to `n` inside the block. One thread for the small extractors trained on first use:
+    their weights then do not depend on the core count (reduction order), and on a busy 2-core machine they trained
+    many times slower on two."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def training_steps(steps: int, desc: str) -> Iterable[int]:
@@ -42,11 +77,12 @@ def ema_decay(decay: float, k: int) -> float:
     return min(decay, (1 + k) / (10 + k))
 
 
-def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched, params, clip: float = 1.0) -> None:
-    """Backward, clip the gradient norm at `clip`, step the optimiser and the schedule."""
+def optimizer_step(loss: torch.Tensor, opt: torch.optim.Optimizer, sched, params, clip: float | None = 1.0) -> None:
+    """Backward, clip the gradient norm at `clip` (None: no clipping), step the optimiser and the schedule."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, clip)
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
     sched.step()
 

@@ -7,8 +7,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import yaml
-
 from bench.config import read_yaml_mapping
 from bench.errors import UserError
 
@@ -47,6 +45,8 @@ class Trial:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
+        import yaml
+
         return yaml.safe_dump(self.to_dict(), sort_keys=True)
 
     @classmethod

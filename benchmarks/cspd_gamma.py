@@ -15,16 +15,16 @@ told apart: the draft model alone, and `released` mode against its own target-al
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import torch
 
 from bench.cache import Cache
+from bench.config import build_config
 from bench.registry import TEACHERS
 from methods.cspd import CSpD, CSpDConfig
 from metrics.features import embed, load_extractor
-from teachers.continuous_ar import sample_ar
+from teachers.families.continuous_ar import sample_ar
 
 
 def _speed(teacher, cfg: CSpDConfig, batch: int, n: int) -> dict:
@@ -83,8 +83,9 @@ def _two_sample(teacher, n: int, cfg_scale: float, cache: Cache) -> list[tuple[s
             return feats(sample_ar(teacher, cond, base.sampling, generator=g, model=model))
         return feats(CSpD(teacher, cfg).sample(cond, generator=g))
 
-    base = CSpDConfig(cfg=cfg_scale, gamma=4)
-    released = dataclasses.replace(base, mode="released", final_noise=False)
+    base = build_config(CSpDConfig, {"cfg": cfg_scale, "gamma": 4}, owner="cspd")
+    released = build_config(CSpDConfig, {"cfg": cfg_scale, "gamma": 4, "mode": "released", "final_noise": False},
+                            owner="cspd")
     ar_a, ar_b = arm(None, 1), arm(None, 2)
     rows = [("ar vs ar (another seed): null", *_mmd_permutation_test(ar_a, ar_b)),
             ("exact vs ar", *_mmd_permutation_test(arm(base, 3), ar_a)),
@@ -114,7 +115,8 @@ def main() -> None:
         for batch in args.batch_sizes:
             n = args.images or (8 if batch == 1 else 2 * batch)
             for gamma in args.gammas:
-                cfg = CSpDConfig(cfg=args.cfg, gamma=gamma, mode=mode, final_noise=mode == "exact")
+                cfg = build_config(CSpDConfig, {"cfg": args.cfg, "gamma": gamma, "mode": mode,
+                                                "final_noise": mode == "exact"}, owner="cspd")
                 r = _speed(teacher, cfg, batch, n)
                 print(f"| {mode} | {batch} | {gamma} | {r['alpha']:.3f} "
                       f"| {r['target_passes']:.1f} ({r['ar_passes']:.0f}) | {r['draft_passes']:.1f} "

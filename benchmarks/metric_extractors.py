@@ -19,7 +19,7 @@ import torch
 from bench.cache import Cache
 from bench.errors import UserError
 from bench.registry import METRICS
-from teachers.datasets import caption_table, load_image_dataset
+from teachers.data.images import caption_table, load_image_dataset
 
 SIZES = {"digits": 16, "fashion-mnist": 28}  # the registered teachers' image sizes
 

@@ -49,7 +49,7 @@ def tracking_share(n_samples: int, tmp: Path) -> float:
     from mlflow.tracking import MlflowClient
 
     from bench.cache import Cache
-    from bench.runner import RunOptions, run_trial
+    from bench.runner import RunOptions, plan, run_trial
     from bench.tracking import Tracker
     from bench.trial import Trial
 
@@ -66,7 +66,7 @@ def tracking_share(n_samples: int, tmp: Path) -> float:
 
         setattr(MlflowClient, name, timed)
     tracker = Tracker(f"sqlite:///{tmp}/share.db", "share")
-    trial = Trial("digits-ar-t2i", "sjd", {"window": 16}, n_samples=n_samples)
+    trial = plan(Trial("digits-ar-t2i", "sjd", {"window": 16}, n_samples=n_samples))
     run_trial(trial, cache=Cache(), tracker=tracker, opts=RunOptions(progress=False))  # warm: store created
     spent[0] = 0.0
     t0 = time.perf_counter()

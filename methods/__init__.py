@@ -1,2 +1,16 @@
-"""Acceleration methods; importing this package registers them."""
-from methods import ar, ard, cspd, dd, ddim, jacobi, lm, mdlm, onestep, sdtt, sjd, skip  # noqa: F401
+"""Acceleration methods and their baselines, declared by import path (importing this package imports none of them)."""
+from bench.registry import METHODS
+
+METHODS.register("ar", "methods.own:AR")
+METHODS.register("ddim", "methods.own:DDIM")
+METHODS.register("mdlm", "methods.own:MDLM")
+METHODS.register("jacobi", "methods.jacobi:Jacobi")
+METHODS.register("sjd", "methods.sjd:SJD")
+METHODS.register("dd", "methods.dd:DD")
+METHODS.register("onestep*", "methods.onestep:OneStep")
+METHODS.register("skip-n", "methods.skip:Skip")
+METHODS.register("cspd", "methods.cspd:CSpD")
+METHODS.register("ard", "methods.ard:ARD")
+METHODS.register("step-distill", "methods.ard:StepDistill")
+METHODS.register("kd", "methods.ard:KD")
+METHODS.register("sdtt", "methods.sdtt:SDTT")

@@ -21,30 +21,30 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.cache import Cache, config_key, teacher_key
+from bench.cache import Cache, keyed
+from bench.config import config_dict
 from bench.errors import UserError
-from bench.registry import METHODS
+from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, warmup_cosine
-from methods.ard_gan import finetune
+from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method
-from teachers import ode_diffusion
-from teachers.datasets import load_image_dataset
+from teachers.data.images import load_image_dataset
+from teachers.families import ode_diffusion
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
 HELD_OUT = 256  # noises for the coupling error
 
 
 @dataclass(frozen=True)
-class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's trajectories (and the reference arm)
+class ARDConfig:
+    sampling: ode_diffusion.SamplingConfig = ode_diffusion.SamplingConfig()  # steps K, cfg: the trajectories' sampler
     student_steps: int = 4  # S
     history_layers: int = 1  # N: lower blocks that read the history (0 = step distillation)
     mask: str = "M4"
@@ -64,14 +64,13 @@ class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's traj
     disc_lr: float = 1e-3
 
     def __post_init__(self):
-        super().__post_init__()
         choices = {"mask": MASKS, "knots": ("uniform", "released"), "target": ("x0hat", "xt"),
                    "time_embed": TIME_EMBEDS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if not 1 <= self.student_steps <= self.steps:
-            raise ValueError(f"student_steps must be in [1, steps={self.steps}], got {self.student_steps}")
+        if not 1 <= self.student_steps <= self.sampling.steps:
+            raise ValueError(f"student_steps must be in [1, steps={self.sampling.steps}], got {self.student_steps}")
         for name in ("history_layers", "n_traj", "train_steps", "batch", "gan_steps", "gan_warmup"):
             low = 1 if name in ("n_traj", "train_steps", "batch") else 0
             if getattr(self, name) < low:
@@ -79,10 +78,6 @@ class ARDConfig(ode_diffusion.SamplingConfig):  # steps, cfg: the teacher's traj
         if not (self.lr > 0 and self.disc_lr > 0 and self.gan_weight >= 0 and 0 <= self.ema < 1):
             raise ValueError(f"need lr, disc_lr > 0, gan_weight >= 0 and 0 <= ema < 1, got {self.lr}, {self.disc_lr}, "
                              f"{self.gan_weight}, {self.ema}")
-
-    @property
-    def sampling(self) -> ode_diffusion.SamplingConfig:
-        return ode_diffusion.SamplingConfig(self.steps, self.cfg)
 
 
 def knot_states(knots: str, K: int, S: int) -> list[int]:
@@ -125,86 +120,85 @@ class Trajectories:
 
 def generate_trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed: int, *,
                           cache: Cache) -> Trajectories:
+    """n DDIM trajectories of the teacher on balanced classes, computed on the teacher's device and kept on the CPU
+    in float16 (cached)."""
     def build():
-        g = torch.Generator().manual_seed(seed)
-        cond = (torch.arange(n) % teacher.n_classes)[:, None]  # balanced classes
-        x_T = torch.randn(n, *teacher.image_shape, generator=g)
+        device = teacher.network.pos_embed.device
+        g = torch.Generator(device).manual_seed(seed)
+        cond = (torch.arange(n, device=device) % teacher.n_classes)[:, None]  # balanced classes
+        x_T = torch.randn(n, *teacher.image_shape, generator=g, device=device)
         states, preds = [], []
         for sl in range(0, n, 500):
             c = cond[sl : sl + 500]
             tr = ode_diffusion.ddim(lambda x, t: teacher.eps(x, t, c, cfg=s.cfg), x_T[sl : sl + 500], s.steps)
-            states.append(tr.states.transpose(0, 1).half())
-            preds.append(tr.x0_preds.transpose(0, 1).half())
-        return {"cond": cond, "states": torch.cat(states), "x0_preds": torch.cat(preds)}
+            states.append(tr.states.transpose(0, 1).half().cpu())
+            preds.append(tr.x0_preds.transpose(0, 1).half().cpu())
+        return {"cond": cond.cpu(), "states": torch.cat(states), "x0_preds": torch.cat(preds)}
 
-    tkey = teacher_key(teacher)
-    if tkey is None:  # a teacher without a recipe key (a test fake): nothing to key a cache entry by
-        return Trajectories(**build())
-    key = config_key(tkey, dataclasses.asdict(s), n, seed)
-    return Trajectories(**cache.get_or_build("ard-trajectories", key, build)[0])
+    blob, _ = cache.get_or_build("ard-trajectories", keyed(teacher, dataclasses.asdict(s), n, seed), build)
+    return Trajectories(**blob)
 
 
-@METHODS.register("ard")
 class ARD(Method):
     """Autoregressive distillation: each student step sees the whole student trajectory so far (arXiv:2504.11295)."""
 
     families = (ode_diffusion.FAMILY,)
+    modalities = ("image",)
     Config = ARDConfig
     key_knobs = ("student_steps", "history_layers", "mask")
-    needs_network: ClassVar[bool] = True  # initialised from the teacher's DiT
 
     def __init__(self, teacher, config: ARDConfig):
         super().__init__(teacher, config)
-        c = config
-        if c.history_layers > teacher.model.cfg.depth:
-            raise UserError(f"ard: history_layers must be <= the teacher's depth {teacher.model.cfg.depth}, "
-                            f"got {c.history_layers}")
-        self.knots = knot_states(c.knots, c.steps, c.student_steps)
+        c, depth = config, teacher.network.cfg.depth
+        if c.history_layers > depth:
+            raise UserError(f"ard: history_layers must be <= the teacher's depth {depth}, got {c.history_layers}")
+        self.knots = knot_states(c.knots, c.sampling.steps, c.student_steps)
         self.student: ARDStudent | None = None
 
     def _new_student(self) -> ARDStudent:
         c = self.config
-        return ARDStudent(self.teacher.model, c.student_steps, c.history_layers, c.mask, c.time_embed,
-                          time_labels(c.knots, c.steps, c.student_steps))
+        return ARDStudent(self.teacher.network, c.student_steps, c.history_layers, c.mask, c.time_embed,
+                          time_labels(c.knots, c.sampling.steps, c.student_steps))
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
         c, t0 = self.config, time.perf_counter()
-        key = teacher_key(self.teacher)
         trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.seed, cache=cache)
         held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.seed + 1, cache=cache)
         traj_seconds = time.perf_counter() - t0
         gan = ("gan_steps", "gan_weight", "gan_warmup", "disc_lr")  # without R+D they change nothing
-        knobs = {k: v for k, v in dataclasses.asdict(c).items() if c.gan_steps or k not in gan}
-        if key is None:
-            blob, cached = self._train(trajs), False
-        else:
-            blob, cached = cache.get_or_build("ard-students", config_key(key, knobs, STUDENT_VERSION),
-                                              lambda: self._train(trajs))
+        knobs = {k: v for k, v in config_dict(c).items() if c.gan_steps or k not in gan}
+        if c.gan_steps:
+            knobs["gan_version"] = GAN_VERSION
+        blob, cached = cache.get_or_build("ard-students", keyed(self.teacher, knobs, STUDENT_VERSION),
+                                          lambda: self._train(trajs))
         self.student = self._new_student()
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
+        device = self.teacher.network.pos_embed.device
         with torch.inference_mode():
-            inputs, targets = held.pairs(self.knots, c.target)
-            free = self.student.rollout(inputs[:, 0], held.cond[:, 0])[:, -1]
-            forced = self.student(inputs, held.cond[:, 0])  # with the teacher's history: Fig. 6b's other end
+            inputs, targets = (t.to(device) for t in held.pairs(self.knots, c.target))
+            y = held.cond[:, 0].to(device)
+            free = self.student.rollout(inputs[:, 0], y)[:, -1]
+            forced = self.student(inputs, y)  # with the teacher's history: Fig. 6b's other end
         return {"trajectory_seconds": traj_seconds, **{k: float(v) for k, v in blob["info"].items()},
                 "student_cached": float(cached), "coupling_mse": F.mse_loss(free, targets[:, -1]).item(),
                 "teacher_forced_mse": F.mse_loss(forced, targets).item(), **self._flops()}
 
     def _train(self, trajs: Trajectories) -> dict:
+        """Eq. 6 on the teacher's device."""
         c, t0 = self.config, time.perf_counter()
-        inputs, targets = trajs.pairs(self.knots, c.target)
-        y = trajs.cond[:, 0]
-        g = torch.Generator().manual_seed(c.seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(c.seed)
+        device = self.teacher.network.pos_embed.device
+        inputs, targets = (t.to(device) for t in trajs.pairs(self.knots, c.target))
+        y = trajs.cond[:, 0].to(device)
+        g = torch.Generator(device).manual_seed(c.seed)
+        with seeded(c.seed):
             student = self._new_student()
         ema = self._new_student().requires_grad_(False)
         ema.load_state_dict(student.state_dict())
         opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
         sched = warmup_cosine(opt, c.train_steps)
         for k in range(c.train_steps):
-            idx = torch.randint(len(inputs), (c.batch,), generator=g)
+            idx = torch.randint(len(inputs), (c.batch,), generator=g, device=device)
             loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
             optimizer_step(loss, opt, sched, student.parameters())
             ema_update(ema, student, c.ema, k)
@@ -212,22 +206,23 @@ class ARD(Method):
         if c.gan_steps:
             t = self.teacher
             real = load_image_dataset(t.dataset_name, "train", t.image_size)
-            info |= finetune(student, t.model, inputs, targets, y, real.images * 2 - 1, real.labels,
-                             steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr, scale=c.gan_weight,
-                             warmup=c.gan_warmup, generator=g,
+            info |= finetune(student, t.network, inputs, targets, y, (real.images * 2 - 1).to(device),
+                             real.labels.to(device), steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr,
+                             scale=c.gan_weight, warmup=c.gan_warmup, generator=g, seed=c.seed,
                              on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))
         info["train_seconds"] = time.perf_counter() - t0
-        return {"state_dict": ema.state_dict(), "info": info}
+        return {"state_dict": {k: v.cpu() for k, v in ema.state_dict().items()}, "info": info}
 
     def _flops(self) -> dict[str, float]:
         """FLOPs of one image: a student step (mean over the S steps, KV cache included) and a teacher forward."""
         t, shape = self.teacher, self.teacher.image_shape
-        x, y = torch.zeros(1, *shape), torch.zeros(1, dtype=torch.long)
-        with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH):  # the fused CPU kernel is not counted
+        device = t.network.pos_embed.device
+        x, y = torch.zeros(1, *shape, device=device), torch.zeros(1, dtype=torch.long, device=device)
+        with torch.inference_mode(), sdpa_kernel(SDPBackend.MATH):  # the fused kernels are not counted
             with FlopCounterMode(display=False) as student:
                 self.student.rollout(x, y)
             with FlopCounterMode(display=False) as teacher:
-                t.model(x, torch.zeros(1, dtype=torch.long), y)
+                t.network(x, torch.zeros(1, dtype=torch.long, device=device), y)
         per_step = student.get_total_flops() / self.config.student_steps
         return {"student_gflops_per_step": per_step / 1e9,
                 "teacher_gflops_per_forward": teacher.get_total_flops() / 1e9,
@@ -253,7 +248,6 @@ class StepDistillConfig(ARDConfig):
             raise ValueError(f"step-distill reads no history: history_layers must be 0, got {self.history_layers}")
 
 
-@METHODS.register("step-distill")
 class StepDistill(ARD):
     """Step distillation (ARD with N = 0: each step sees only its own input), ARD's baseline (arXiv:2504.11295)."""
 
@@ -272,7 +266,6 @@ class KDConfig(ARDConfig):
                              f"{self.student_steps}")
 
 
-@METHODS.register("kd")
 class KD(ARD):
     """Knowledge distillation (ARD with S = 1: noise -> the teacher's sample in one step), ARD's baseline."""
 

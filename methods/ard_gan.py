@@ -15,18 +15,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.parametrizations import spectral_norm
 
-from teachers.dit import DiT
+from bench.rng import seeded
+from teachers.families.ode_diffusion import DiTNetwork
+
+GAN_VERSION = 2  # part of an R+D student's cache key; 2: the discriminator's init is seeded (was the process's RNG)
 
 
 class Discriminator(nn.Module):
     """Token-wise logits from every block of a frozen teacher DiT: (B, C, H, W), y (B,) -> (B, depth * L)."""
 
-    def __init__(self, teacher: DiT):
+    def __init__(self, teacher: DiTNetwork):
         super().__init__()
         self.teacher = teacher.eval().requires_grad_(False)
         d = teacher.cfg.hidden
         self.heads = nn.ModuleList(nn.Sequential(spectral_norm(nn.Linear(d, d)), nn.LeakyReLU(0.2),
                                                  spectral_norm(nn.Linear(d, 1))) for _ in teacher.blocks)
+        self.heads.to(teacher.pos_embed.device)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         t = self.teacher
@@ -45,16 +49,20 @@ def adaptive_weight(loss_r: torch.Tensor, loss_g: torch.Tensor, last: torch.Tens
     return (g_r.norm() / (g_g.norm() + 1e-4)).clamp(0, 1e4).detach() * scale
 
 
-def finetune(student, teacher: DiT, inputs, targets, y, real, real_y, *, steps: int, batch: int, lr: float,
-             disc_lr: float, scale: float, warmup: int, generator: torch.Generator, on_step=None) -> dict[str, float]:
+def finetune(student, teacher: DiTNetwork, inputs, targets, y, real, real_y, *, steps: int, batch: int, lr: float,
+             disc_lr: float, scale: float, warmup: int, generator: torch.Generator, seed: int,
+             on_step=None) -> dict[str, float]:
     """R+D: `steps` generator/discriminator steps on the trajectories (inputs/targets (n, S, C, H, W), classes y)
-    and real images `real` (m, C, H, W) in [-1, 1] of classes real_y. `on_step(k)` runs after each student step."""
-    disc = Discriminator(teacher)
+    and real images `real` (m, C, H, W) in [-1, 1] of classes real_y, all on the teacher's device, as `generator`.
+    `on_step(k)` runs after each student step."""
+    with seeded(seed):  # the heads' init and spectral norm's start vectors draw from the global generators
+        disc = Discriminator(teacher)
+    device = real.device
     opt_g = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
     opt_d = torch.optim.AdamW(disc.heads.parameters(), lr=disc_lr, weight_decay=0.0)
     last = student.heads[-1].linear.weight
     for k in range(steps):
-        idx = torch.randint(len(inputs), (batch,), generator=generator)
+        idx = torch.randint(len(inputs), (batch,), generator=generator, device=device)
         pred = student(inputs[idx], y[idx])
         loss_r = F.mse_loss(pred, targets[idx])
         loss_g = -disc(pred[:, -1], y[idx]).mean()
@@ -65,7 +73,7 @@ def finetune(student, teacher: DiT, inputs, targets, y, real, real_y, *, steps: 
         opt_g.step()
         if on_step is not None:
             on_step(k)
-        real_idx = torch.randint(len(real), (batch,), generator=generator)
+        real_idx = torch.randint(len(real), (batch,), generator=generator, device=device)
         loss_d = (F.relu(1 - disc(real[real_idx], real_y[real_idx])).mean()  # hinge loss
                   + F.relu(1 + disc(pred[:, -1].detach(), y[idx])).mean())
         opt_d.zero_grad(set_to_none=True)

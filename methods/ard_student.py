@@ -19,7 +19,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from teachers.dit import DiT
+from teachers.families.ode_diffusion import DiTNetwork
 
 MASKS = ("M1", "M2", "M3", "M4")
 TIME_EMBEDS = ("adaln_tokenwise", "additive")
@@ -31,7 +31,7 @@ def visible(mask: str, k: int, j: int) -> bool:
 
 
 class ARDStudent(nn.Module):
-    def __init__(self, teacher: DiT, steps: int, history_layers: int, mask: str, time_embed: str,
+    def __init__(self, teacher: DiTNetwork, steps: int, history_layers: int, mask: str, time_embed: str,
                  time_labels: list[float]):
         super().__init__()
         if mask not in MASKS or time_embed not in TIME_EMBEDS:

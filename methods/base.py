@@ -1,4 +1,10 @@
-"""The Method contract every file in `methods/` implements (see DESIGN.md, "Core contracts")."""
+"""The Method contract every file in `methods/` implements (see ARCHITECTURE.md, "Methods").
+
+A method's config is a frozen dataclass whose `sampling` field is its family's `SamplingConfig`
+(`teachers.families.<family>`): the trial's reference arm, the teacher's own sampler, samples with exactly that
+config. Its knobs are addressed flat (`--param cfg=2.0` sets `sampling.cfg`); a method knob may not share a name with
+a sampling setting (`bench.config.build_config` refuses the config class).
+"""
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -7,12 +13,14 @@ import torch
 
 from bench.cache import Cache
 from bench.samples import Samples
+from teachers.families import Family
 
 
 class Method:
     """A sampler built on a teacher. Methods count (NFE, accepted tokens); the harness times."""
 
-    families: ClassVar[tuple[str, ...]]
+    families: ClassVar[tuple[Family, ...]]
+    modalities: ClassVar[tuple[str, ...]] = ("image", "text")  # what its teachers may generate
     Config: ClassVar[type]
     key_knobs: ClassVar[tuple[str, ...]] = ()  # the knobs a results table shows for this method
     # Decodes one sequence at a time (speculative / Jacobi decoding commit a different number of tokens per
@@ -20,9 +28,14 @@ class Method:
     batch_size_one: ClassVar[bool] = False
 
     @classmethod
-    def config_class(cls, family: str) -> type:
+    def config_class(cls, family: Family) -> type:
         """The config dataclass for a teacher of `family`: `Config`, unless a method spans families."""
         return cls.Config
+
+    @classmethod
+    def sampling_of(cls, config: Any) -> Any:
+        """The family's sampling settings inside a config of this method: what the reference arm samples with."""
+        return config.sampling
 
     def __init__(self, teacher: Any, config: Any):
         self.teacher, self.config = teacher, config
@@ -38,3 +51,19 @@ class Method:
 
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         raise NotImplementedError
+
+
+class OwnSampler(Method):
+    """The teacher's own sampler (its family's), under a config that is the family's `SamplingConfig` itself: every
+    trial's reference arm, and a method of its own under the family's sampler name (`methods.own`)."""
+
+    @classmethod
+    def config_class(cls, family: Family) -> type:
+        return family.SamplingConfig
+
+    @classmethod
+    def sampling_of(cls, config: Any) -> Any:
+        return config
+
+    def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
+        return self.teacher.family.sample(self.teacher, cond, self.config, generator=generator)

@@ -20,22 +20,21 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from bench.cache import Cache, config_key, teacher_key
+from bench.cache import Cache, keyed
 from bench.errors import UserError
-from bench.registry import METHODS
+from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_decay, optimizer_step, warmup_cosine
 from methods.base import Method
 from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout
 from methods.dd_student import DDStudent
-from teachers import discrete_ar
-from teachers.discrete_ar import draw
+from teachers.families import ar_token
+from teachers.families.ar_token import draw
 
 STUDENT_VERSION = 2  # bump when training code changes what a config produces
 T2_FRACTION = 81 / 256  # the paper's LlamaGen intermediate timestep, as a fraction of the sequence
@@ -45,9 +44,14 @@ T2_FRACTION = 81 / 256  # the paper's LlamaGen intermediate timestep, as a fract
 SPLIT_FRACTION = 0.5
 
 
+def refuse_greedy(s: ar_token.SamplingConfig, method: str) -> None:
+    if s.greedy:
+        raise ValueError(f"greedy must be false: {method} learns from teacher samples drawn from noise")
+
+
 @dataclass(frozen=True)
-class DDConfig(PairKnobs, discrete_ar.SamplingConfig):
-    # sampling
+class DDConfig(PairKnobs):
+    sampling: ar_token.SamplingConfig = ar_token.SamplingConfig()  # the teacher's, for the pairs and the reference
     steps: int = 1  # DD steps: 1 (from pure noise) or 2 ({1, t2})
     t2: int = 0  # intermediate timestep (1-based: t2 - 1 tokens known); 0 = round(81/256 * n), the paper's ratio
     ts: int = 0  # > 0: pre-trained-ts-t2, the teacher re-generates tokens ts..t2-1 between the two steps (Alg. 4)
@@ -64,6 +68,7 @@ class DDConfig(PairKnobs, discrete_ar.SamplingConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        refuse_greedy(self.sampling, "dd")
         if self.steps not in (1, 2):
             raise ValueError(f"steps must be 1 or 2, got {self.steps}")
         if self.ts and (self.steps != 2 or self.ts < 1):
@@ -78,10 +83,6 @@ class DDConfig(PairKnobs, discrete_ar.SamplingConfig):
             raise ValueError(f"need lr > 0, ce_weight >= 0, 0 <= ema < 1, 0 <= dropout < 1; got {self.lr}, "
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
 
-    @property
-    def sampling(self) -> discrete_ar.SamplingConfig:
-        return discrete_ar.SamplingConfig(self.top_k, self.temperature, self.cfg)
-
 
 TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "seed")  # with the pairs: the student
 
@@ -95,14 +96,13 @@ def _ema_with_warmup(decay: float):
     return avg
 
 
-@METHODS.register("dd")
 class DD(Method):
     """Distilled Decoding: a flow-matching-distilled student samples all tokens in 1-2 steps (arXiv:2412.17153)."""
 
-    families = (discrete_ar.FAMILY,)
+    families = (ar_token.FAMILY,)
+    modalities = ("image",)  # flows into the tokenizer's code vectors
     Config = DDConfig
     key_knobs = ("steps", "t2", "ts")
-    needs_network: ClassVar[bool] = True  # initialises its student from the teacher's transformer
 
     def __init__(self, teacher, config: DDConfig):
         super().__init__(teacher, config)
@@ -124,44 +124,44 @@ class DD(Method):
         pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache)
         pair_seconds = time.perf_counter() - t0
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
-        teacher = teacher_key(self.teacher)
-        if teacher is None:  # a teacher without a recipe key (a test fake): nothing to key a cache entry by
-            blob, cached = self._train(pairs), False
-        else:
-            key = config_key(teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
-                             STUDENT_VERSION)
-            blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(pairs))
-        self.student = DDStudent(self.teacher.model, self.teacher.codebook)
+        key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
+                    STUDENT_VERSION)
+        blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(pairs))
+        with seeded(cfg.seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
+            self.student = DDStudent(self.teacher.network, self.teacher.codebook)
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
         return {**{f"pairs_{k}": float(v) for k, v in pairs.info.items()}, "pairs_load_seconds": pair_seconds,
                 **{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
 
     def _train(self, pairs: Pairs) -> dict:
+        """Algorithm 2 on the teacher's device (the pairs stay on the CPU; each batch is moved)."""
         cfg, t0 = self.config, time.perf_counter()
-        g = torch.Generator().manual_seed(cfg.seed)
-        with torch.random.fork_rng(devices=[]):  # dropout and new-module init draw from the global RNG
-            torch.manual_seed(cfg.seed)
-            student = DDStudent(self.teacher.model, self.teacher.codebook.cpu(), cfg.dropout)
+        device = self.teacher.codebook.device
+        g = torch.Generator(device).manual_seed(cfg.seed)
+        with seeded(cfg.seed):  # dropout and new-module init draw from the global generators
+            student = DDStudent(self.teacher.network, self.teacher.codebook, cfg.dropout)
             ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
-            opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+            params = [p for p in student.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
             sched = warmup_cosine(opt, cfg.train_steps)
-            timesteps = torch.tensor([1, self.t2])  # the trained set {t_1 = 1, t2} (paper: L = 2)
+            timesteps = torch.tensor([1, self.t2], device=device)  # the trained set {t_1 = 1, t2} (paper: L = 2)
             tokens, noise, cond = pairs.tokens.long(), pairs.noise.float(), pairs.cond
             for _ in range(cfg.train_steps):
-                idx = torch.randint(len(tokens), (cfg.batch,), generator=g)
-                known = timesteps[torch.randint(len(timesteps), (cfg.batch,), generator=g)] - 1  # (B,) = t - 1
-                x, is_data = student.inputs(tokens[idx], noise[idx], known)
-                logits, emb = student(cond[idx], x, is_data)
+                idx = torch.randint(len(tokens), (cfg.batch,), generator=g, device=device).cpu()
+                known = timesteps[torch.randint(len(timesteps), (cfg.batch,), generator=g, device=device)] - 1  # t - 1
+                batch = tokens[idx].to(device)  # (B, n)
+                x, is_data = student.inputs(batch, noise[idx].to(device), known)
+                logits, emb = student(cond[idx].to(device), x, is_data)
                 target = ~is_data  # the copied prefix carries no loss (Eq. 6 makes it exact)
-                ce = F.cross_entropy(logits[target], tokens[idx][target])
-                mse = F.mse_loss(emb[target], student.codebook[tokens[idx][target]])
+                ce = F.cross_entropy(logits[target], batch[target])
+                mse = F.mse_loss(emb[target], student.codebook[batch[target]])
                 loss = cfg.ce_weight * ce + mse
-                optimizer_step(loss, opt, sched, student.parameters())
+                optimizer_step(loss, opt, sched, params)
                 ema.update_parameters(student)
         info = {"train_seconds": time.perf_counter() - t0, "train_ce": ce.item(), "train_mse": mse.item(),
-                "n_params": sum(p.numel() for p in student.parameters())}
-        return {"state_dict": ema.module.state_dict(), "info": info}
+                "n_params": sum(p.numel() for p in params)}
+        return {"state_dict": {k: v.cpu() for k, v in ema.module.state_dict().items()}, "info": info}
 
     @torch.inference_mode()
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:

@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 
-from bench.cache import Cache, config_key, teacher_key
+from bench.cache import Cache, keyed
 from methods.token_flow import FlowConfig, Solver, flow_map
-from teachers.discrete_ar import SamplingConfig, process
+from teachers.families.ar_token import SamplingConfig, process
 
 VERSION = 1  # bump when a change alters the pairs a PairConfig produces
 
@@ -45,8 +45,6 @@ class PairKnobs:
     seed: int = PairConfig.seed  # of the pairs' conditions and noise
 
     def __post_init__(self):
-        # Cooperative: a method config lists PairKnobs before SamplingConfig, whose checks run here too.
-        getattr(super(), "__post_init__", lambda: None)()
         if self.n_pairs < 1 or self.solver_steps < 1:
             raise ValueError(f"n_pairs and solver_steps must be >= 1, got {self.n_pairs}, {self.solver_steps}")
         if self.solver not in typing.get_args(Solver):
@@ -73,7 +71,7 @@ def rollout(teacher, cond: torch.Tensor, sampling: SamplingConfig, n_tokens: int
     pass per token, KV-cached, plus one for a non-empty prefix -> (B, n_tokens).
 
     pick(i, probs (B, V)) -> (B,) chooses token i from its processed distribution (CFG, temperature, top-k). With
-    `draw` it is the teacher's own sampler (`discrete_ar.sample_ar`), consuming the generator in the same order.
+    `draw` it is the teacher's own sampler (`ar_token.sample_ar`), consuming the generator in the same order.
     """
     state, logits = teacher.start(cond, cfg=sampling.cfg)
     if prefix is not None and prefix.shape[1]:
@@ -98,31 +96,24 @@ def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: Sampli
                    lambda i, probs: flow_map(noise[:, i], probs, codebook, flow))
 
 
-def generate_pairs(teacher, sampling: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:
-    """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg.
-
-    Only the `SamplingConfig` fields of `sampling` enter the key, so methods with different knobs share the pairs.
-    """
-    s = SamplingConfig(sampling.top_k, sampling.temperature, sampling.cfg)
-    key = teacher_key(teacher)
-    if key is None:
-        return _as_pairs(_generate(teacher, s, cfg), cached=False)
-    blob, cached = cache.get_or_build(
-        "dd-pairs", config_key(key, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION),
-        lambda: _generate(teacher, s, cfg))
+def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:
+    """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg
+    (methods with different knobs of their own share the pairs)."""
+    blob, cached = cache.get_or_build("dd-pairs", keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION),
+                                      lambda: _generate(teacher, s, cfg))
     return _as_pairs(blob, cached)
 
 
 def _generate(teacher, s: SamplingConfig, cfg: PairConfig) -> dict:
     t0 = time.perf_counter()
-    g = torch.Generator().manual_seed(cfg.seed)
     device = teacher.codebook.device
+    g = torch.Generator(device).manual_seed(cfg.seed)
     C = teacher.codebook.shape[1]
     noise, tokens, conds = [], [], []
     for start in range(0, cfg.n_pairs, cfg.batch):
         b = min(cfg.batch, cfg.n_pairs - start)
         cond = teacher.conditions(b, g).to(device)
-        eps = torch.randn(b, teacher.seq_len, C, generator=g).to(device)  # (b, n, C)
+        eps = torch.randn(b, teacher.seq_len, C, generator=g, device=device)  # (b, n, C)
         noise.append(eps.cpu())
         tokens.append(map_noise(teacher, eps, cond, s, cfg.flow).cpu())
         conds.append(cond.cpu())

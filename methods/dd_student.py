@@ -9,48 +9,43 @@ noise, both in R^C, and predicts every final token at once. As in the released L
   so the output at the position of x_i predicts q_i, and the sequence needs no extra slot;
 - two heads: the teacher's logits head (cross-entropy against the token) and a new embedding head (regression onto the
   codebook vector; the paper's LPIPS term, see `methods.dd`).
-Everything else (condition and position embeddings, blocks, final norm) is a copy of the teacher's transformer, with
-the student's own dropout rate (`methods.dd` says why its default is 0).
+Everything else is a trainable copy of the teacher's network (`TokenNetwork.clone`, the AR-token family's contract:
+condition embedding, trunk, logits head) with the student's own dropout rate (`methods.dd` says why its default is
+0); the copy's token table is not used and stays frozen.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn as nn
 
-from teachers.gpt import GPT
+from teachers.families.ar_token import TokenNetwork
 
 
 class DDStudent(nn.Module):
-    def __init__(self, teacher_model: GPT, codebook: torch.Tensor, dropout: float = 0.0):
+    def __init__(self, teacher_network: TokenNetwork, codebook: torch.Tensor, dropout: float = 0.0):
         super().__init__()
-        gpt = GPT(dataclasses.replace(teacher_model.cfg, dropout=dropout)).to(codebook.device)
-        gpt.load_state_dict(teacher_model.state_dict())
-        self.cond_len, self.seq_len = gpt.cfg.cond_len, gpt.cfg.seq_len
-        d, C = gpt.cfg.n_embd, codebook.shape[1]
-        self.cond_emb, self.pos_emb, self.drop = gpt.cond_emb, gpt.pos_emb, gpt.drop
-        self.blocks, self.ln_f, self.head = gpt.blocks, gpt.ln_f, gpt.head
-        self.inp = nn.Linear(C, d)
+        self.net = teacher_network.clone(dropout)
+        table = self.net.token_embedding()
+        table.requires_grad_(False)
+        self.cond_len, self.seq_len = self.net.cond_len, self.net.seq_len
+        d, C = self.net.width, codebook.shape[1]
+        self.inp = nn.Linear(C, d).to(codebook.device)
         with torch.no_grad():  # [codebook, 1] @ [W; b] ~= the teacher's token embeddings, in the least-squares sense
             design = torch.cat([codebook, torch.ones(len(codebook), 1, device=codebook.device)], 1)  # (V, C+1)
-            sol = torch.linalg.lstsq(design.double(), gpt.tok_emb.weight.double()).solution  # (C+1, d)
+            sol = torch.linalg.lstsq(design.double(), table.double()).solution  # (C+1, d)
             self.inp.weight.copy_(sol[:C].T)
             self.inp.bias.copy_(sol[C])
-        self.kind_emb = nn.Embedding(2, d)  # 0: noise position, 1: data position
+        self.kind_emb = nn.Embedding(2, d).to(codebook.device)  # 0: noise position, 1: data position
         nn.init.normal_(self.kind_emb.weight, std=0.02)
-        self.emb_head = nn.Linear(d, C)
+        self.emb_head = nn.Linear(d, C).to(codebook.device)
         self.register_buffer("codebook", codebook.clone())
 
     def forward(self, cond: torch.Tensor, x: torch.Tensor, is_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cond (B, P) ids, x (B, n, C) vectors, is_data (B, n) bool -> logits (B, n, V), embeddings (B, n, C)."""
-        P, n = cond.shape[1], x.shape[1]
-        h = torch.cat([self.cond_emb(cond), self.inp(x) + self.kind_emb(is_data.long())], dim=1)  # (B, P+n, d)
-        h = self.drop(h + self.pos_emb.weight[: P + n])
-        for block in self.blocks:  # no cache: causal attention over the whole sequence
-            h = block(h)
-        h = self.ln_f(h[:, P:])  # (B, n, d): the output at x_i's own position predicts q_i
-        return self.head(h), self.emb_head(h)
+        P = cond.shape[1]
+        h = torch.cat([self.net.embed_condition(cond), self.inp(x) + self.kind_emb(is_data.long())], dim=1)  # (B, P+n, d)
+        h = self.net.trunk(h)[:, P:]  # (B, n, d): no cache, causal; the output at x_i's own position predicts q_i
+        return self.net.logits(h), self.emb_head(h)
 
     def inputs(self, tokens: torch.Tensor, noise: torch.Tensor, known: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """X_t with t - 1 = `known` (B,): x (B, n, C) = codebook vectors of `tokens` (B, n) before `known`, noise

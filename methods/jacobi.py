@@ -8,23 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.registry import METHODS
 from methods.sjd import SJD, SJDConfig, exact_match_rule
 
 
 @dataclass(frozen=True)
 class JacobiConfig(SJDConfig):
-    greedy: bool = False  # argmax everywhere (classic Jacobi); False samples as the paper's JD baseline does
+    # `greedy` (a sampling setting): argmax everywhere, the classic Jacobi iteration, against greedy AR as the
+    # reference; false samples as the paper's JD baseline does.
+    greedy_allowed = True
 
 
-@METHODS.register("jacobi")
 class Jacobi(SJD):
     """Jacobi decoding: accept drafts that equal the refreshed tokens (greedy or sampling)."""
 
     Config = JacobiConfig
     key_knobs = ("window", "greedy")
     rule = staticmethod(exact_match_rule)
-
-    @property
-    def greedy(self) -> bool:
-        return self.config.greedy

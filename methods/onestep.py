@@ -17,17 +17,23 @@ from dataclasses import dataclass
 import torch
 
 from bench.cache import Cache
-from bench.registry import METHODS
 from bench.samples import Samples
 from methods.base import Method
+from methods.dd import refuse_greedy
 from methods.dd_pairs import PairKnobs, generate_pairs
-from teachers import discrete_ar
-from teachers.discrete_ar import draw
+from teachers.families import ar_token
+from teachers.families.ar_token import draw
 
 
 @dataclass(frozen=True)
-class OneStepConfig(PairKnobs, discrete_ar.SamplingConfig):
+class OneStepConfig(PairKnobs):
     """The teacher's sampling settings (shared with the reference arm) and the pair dataset the marginals come from."""
+
+    sampling: ar_token.SamplingConfig = ar_token.SamplingConfig()
+
+    def __post_init__(self):
+        super().__post_init__()
+        refuse_greedy(self.sampling, "onestep*")
 
 
 @dataclass
@@ -62,7 +68,7 @@ class FromPairs(Method):
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
         t = self.teacher
-        pairs = generate_pairs(t, self.config, self.config.pairs, cache=cache)
+        pairs = generate_pairs(t, self.config.sampling, self.config.pairs, cache=cache)
         self.marginals = Marginals.count(pairs.tokens, pairs.cond, t.vocab_size)
         return {f"pairs_{k}": float(v) for k, v in pairs.info.items()}
 
@@ -72,11 +78,11 @@ class FromPairs(Method):
         return self.marginals
 
 
-@METHODS.register("onestep*")
 class OneStep(FromPairs):
     """Every token at once, independently, from its per-condition teacher-sample marginal (Prop. 3.1's optimum)."""
 
-    families = (discrete_ar.FAMILY,)
+    families = (ar_token.FAMILY,)
+    modalities = ("image",)  # the pairs flow into the tokenizer's code vectors
     Config = OneStepConfig
     key_knobs = ("n_pairs",)
 

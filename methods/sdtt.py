@@ -24,15 +24,15 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache, config_key, teacher_key
-from bench.registry import METHODS
+from bench.cache import Cache, keyed
+from bench.config import config_dict
+from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step
-from methods.base import Method
-from methods.lm import LM
-from methods.mdlm import MDLM
-from teachers import causal_lm, load_teacher
-from teachers import masked_diffusion as md
+from methods.base import Method, OwnSampler
+from teachers import load_teacher
+from teachers.families import ar_token
+from teachers.families import masked_diffusion as md
 
 Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
@@ -79,10 +79,10 @@ def teacher_targets(denoise, z: torch.Tensor, t: torch.Tensor, delta: float, n_s
 
 
 @dataclass(frozen=True)
-class SDTTConfig(md.SamplingConfig):
-    # `steps` (from the sampling config) is the teacher's step count T_0: the reference arm samples with it and round 1
-    # distils it into T_0 / 2. The student samples with `student_steps` (0 = T_0 / 2^rounds).
-    steps: int = 64
+class SDTTConfig:
+    # `steps` (a sampling setting) is the teacher's step count T_0: the reference arm samples with it and round 1
+    # distils it into T_0 / 2. The student samples with `student_steps` (0 = T_0 / 2^rounds) and the same `cache`.
+    sampling: md.SamplingConfig = md.SamplingConfig(steps=64)
     student_steps: int = 0
     rounds: int = 3
     distill_steps: int = 2  # m/k: teacher steps per student step
@@ -100,14 +100,13 @@ class SDTTConfig(md.SamplingConfig):
     ar_top_p: float = 1.0
 
     def __post_init__(self):
-        super().__post_init__()
         for name in ("rounds", "iters_per_round", "batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.distill_steps < 2:
             raise ValueError(f"distill_steps must be >= 2, got {self.distill_steps}")
-        if self.steps % self.distill_steps ** self.rounds:
-            raise ValueError(f"steps={self.steps} must be divisible by distill_steps^rounds = "
+        if self.sampling.steps % self.distill_steps ** self.rounds:
+            raise ValueError(f"steps={self.sampling.steps} must be divisible by distill_steps^rounds = "
                              f"{self.distill_steps ** self.rounds}")
         if self.student_steps < 0 or self.warmup < 0:
             raise ValueError(f"student_steps and warmup must be >= 0, got {self.student_steps}, {self.warmup}")
@@ -116,18 +115,20 @@ class SDTTConfig(md.SamplingConfig):
                              f"{self.ar_top_p}")
 
     @property
-    def sampling_steps(self) -> int:
-        return self.student_steps or self.steps // self.distill_steps ** self.rounds
+    def student_sampling(self) -> md.SamplingConfig:
+        """The student's sampler: `student_steps` (0 = T_0 / (m/k)^rounds) with the teacher's `cache` setting."""
+        steps = self.student_steps or self.sampling.steps // self.distill_steps ** self.rounds
+        return md.SamplingConfig(steps, self.sampling.cache)
 
 
 TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "warmup", "ema", "seed")
 
 
-@METHODS.register("sdtt")
 class SDTT(Method):
     """Iterated self-distillation of an MDLM: the round-`rounds` student sampled with T_0 / (m/k)^rounds steps."""
 
     families = (md.FAMILY,)
+    modalities = ("text",)
     Config = SDTTConfig
     key_knobs = ("divergence", "rounds", "student_steps")
 
@@ -138,32 +139,27 @@ class SDTT(Method):
     # ---- training -------------------------------------------------------------------------------------------
     def fit(self, *, cache: Cache) -> dict[str, float]:
         cfg, info = self.config, {}
-        teacher = teacher_key(self.teacher)
-        knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS}
+        knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
         state = None  # {"student", "ema", "opt"} state dicts after the last round
-        for r in range(1, cfg.rounds + 1):
-            if teacher is None:  # a test fake without a recipe key: nothing to key a cache entry by
-                state, cached = self._round(r, state, cache), False
-            else:  # get_or_build calls the builder before `state` is reassigned
-                state, cached = cache.get_or_build("sdtt-students", config_key(teacher, knobs, r, STUDENT_VERSION),
-                                                   lambda: self._round(r, state, cache))
+        for r in range(1, cfg.rounds + 1):  # get_or_build calls the builder before `state` is reassigned
+            state, cached = cache.get_or_build("sdtt-students", keyed(self.teacher, knobs, r, STUDENT_VERSION),
+                                               lambda: self._round(r, state, cache))
             info.update({f"round{r}_{k}": float(v) for k, v in state["info"].items()})
             info[f"round{r}_cached"] = float(cached)
-        self.student = copy.deepcopy(self.teacher.model)
+        self.student = copy.deepcopy(self.teacher.network)
         self.student.load_state_dict(state["ema"])
         self.student.eval().requires_grad_(False)
         return info
 
     def _round(self, r: int, prev: dict | None, cache: Cache) -> dict:
         cfg, t0 = self.config, time.perf_counter()
-        mask_id, T = self.teacher.mask_id, cfg.steps // cfg.distill_steps ** (r - 1)
+        mask_id, T = self.teacher.mask_id, cfg.sampling.steps // cfg.distill_steps ** (r - 1)
         delta = (1 - md.SAMPLING_EPS) / T
-        data = self.teacher.training_chunks(cache)
-        g = torch.Generator().manual_seed(cfg.seed * 1000 + r)
-        with torch.random.fork_rng(devices=[]):  # dropout draws from the global RNG
-            torch.manual_seed(cfg.seed * 1000 + r)
-            student = copy.deepcopy(self.teacher.model).train().requires_grad_(True)
-            ema = copy.deepcopy(self.teacher.model).requires_grad_(False)
+        data = self.teacher.training_chunks(cache)  # on the teacher's device, where everything below runs
+        g = torch.Generator(data.device).manual_seed(cfg.seed * 1000 + r)
+        with seeded(cfg.seed * 1000 + r):  # dropout draws from the global generators
+            student = copy.deepcopy(self.teacher.network).train().requires_grad_(True)
+            ema = copy.deepcopy(self.teacher.network).requires_grad_(False)
             opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
             if prev is not None:  # the previous student is the new teacher; optimiser and EMA carry on
                 student.load_state_dict(prev["student"])
@@ -174,8 +170,8 @@ class SDTT(Method):
             teacher = copy.deepcopy(student).eval().requires_grad_(False)
             losses = []
             for i in range(cfg.iters_per_round):
-                x = data[torch.randint(len(data), (cfg.batch,), generator=g)]
-                t = md.antithetic_times(cfg.batch, g)
+                x = data[torch.randint(len(data), (cfg.batch,), generator=g, device=data.device)]
+                t = md.antithetic_times(cfg.batch, g, data.device)
                 z = md.corrupt(x, t, mask_id, g)
                 target = teacher_targets(lambda v: md.subs(teacher(v), v, mask_id), z, t, delta, cfg.distill_steps,
                                          mask_id, g)
@@ -190,7 +186,8 @@ class SDTT(Method):
         k = max(1, len(losses) // 10)  # first and last tenth of the round
         info = {"loss_start": sum(losses[:k]) / k, "loss_end": sum(losses[-k:]) / k, "teacher_steps": T,
                 "seconds": time.perf_counter() - t0}
-        return {"student": student.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(), "info": info}
+        return {"student": _cpu(student.state_dict()), "ema": _cpu(ema.state_dict()), "opt": _cpu(opt.state_dict()),
+                "info": info}
 
     # ---- sampling -------------------------------------------------------------------------------------------
     def denoise(self, z: torch.Tensor) -> torch.Tensor:
@@ -200,17 +197,26 @@ class SDTT(Method):
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         if self.student is None:
             raise RuntimeError("sdtt: call fit() before sample()")
-        sampling = md.SamplingConfig(self.config.sampling_steps, self.config.cache)
-        return md.sample_ancestral(self.denoise, len(cond), self.teacher.seq_len, self.teacher.mask_id, sampling,
-                                   generator=generator, device=cond.device)
+        return md.sample_ancestral(self.denoise, len(cond), self.teacher.seq_len, self.teacher.mask_id,
+                                   self.config.student_sampling, generator=generator, device=cond.device)
 
     def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
-        KV cache ("ar") at the same length and batch size."""
+        KV cache ("ar") at the same length and batch size, each its own family's sampler."""
         cfg = self.config
-        arms = {"same_steps": MDLM(self.teacher, md.SamplingConfig(cfg.sampling_steps, cfg.cache))}
+        arms = {"same_steps": OwnSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
-            name = self.teacher.companion_lm
-            lm = load_teacher(name, cache=cache, device=device)
-            arms["ar"] = LM(lm, causal_lm.SamplingConfig(top_p=cfg.ar_top_p))
+            lm = load_teacher(self.teacher.companion_lm, cache=cache, device=device)
+            arms["ar"] = OwnSampler(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
         return arms
+
+
+def _cpu(state):
+    """A state dict (an optimiser's included) with every tensor on the CPU: cache entries are device-free."""
+    if torch.is_tensor(state):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _cpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_cpu(v) for v in state]
+    return state

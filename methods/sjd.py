@@ -1,6 +1,6 @@
 """`sjd`: Speculative Jacobi Decoding (Teng et al., arXiv:2410.01699, ICLR 2025).
 
-A training-free, distribution-preserving Jacobi loop for discrete-token AR image models. Each forward pass feeds the
+A training-free, distribution-preserving Jacobi loop for AR-token models (image tokens, and text: the family is one). Each forward pass feeds the
 pending token plus W-1 drafts; a draft is accepted with probability min(1, p/q) (Eq. 1), the first rejected position is
 resampled from the residual max(0, p - q) (Eq. 2), later positions are refined with this pass's samples (Eq. 3) and
 become the next drafts, the window is refilled by an initialisation scheme, and the KV cache is rolled back to the
@@ -13,29 +13,34 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
-from bench.registry import METHODS
+from bench.errors import UserError
 from bench.samples import Samples
 from methods.base import Method
-from teachers import discrete_ar
-from teachers.discrete_ar import draw, process
+from teachers.families import ar_token
+from teachers.families.ar_token import draw, process
 
 InitScheme = Literal["random", "repeat-left", "repeat-above", "sample-left", "sample-above"]
 
 
 @dataclass(frozen=True)
-class SJDConfig(discrete_ar.SamplingConfig):
+class SJDConfig:
+    sampling: ar_token.SamplingConfig = ar_token.SamplingConfig()
     window: int = 16  # W: tokens per forward pass, the pending token included; W = 1 is plain AR
     init: InitScheme = "random"  # how new draft slots are filled (the paper's random / spatial-prior init)
     ar_head: int = 0  # first tokens decoded one per pass
     ar_tail: int = 0  # last tokens decoded one per pass
     refine: bool = True  # Eq. 3; False is the App. F "no refinement" ablation
+    # Greedy verification is Jacobi decoding's (`methods.jacobi`); SJD's speculative rule verifies samples.
+    greedy_allowed: ClassVar[bool] = False
 
     def __post_init__(self):
-        super().__post_init__()
+        if self.sampling.greedy and not self.greedy_allowed:
+            raise ValueError("greedy must be false: SJD verifies sampled drafts (greedy decoding is method jacobi "
+                             "with greedy=true)")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.ar_head < 0 or self.ar_tail < 0:
@@ -93,12 +98,13 @@ class _Drafter:
 
 
 @torch.inference_mode()
-def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, greedy: bool = False):
+def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
     """Decode one sequence (cond: (1, P)); returns tokens (N,) and counters."""
-    N, V = teacher.seq_len, teacher.vocab_size
-    drafter = _Drafter(c.init, V, teacher.grid[1], generator)
-    state, logits = teacher.start(cond, cfg=c.cfg)
-    P0 = process(logits[0], c)  # (V,)
+    N, V, s = teacher.seq_len, teacher.vocab_size, c.sampling
+    greedy = s.greedy
+    drafter = _Drafter(c.init, V, teacher.grid[-1], generator)
+    state, logits = teacher.start(cond, cfg=s.cfg)
+    P0 = process(logits[0], s)  # (V,)
     # Positions [0, n_out) are committed (their keys/values cached), n_out holds the pending token, and
     # (n_out, n_out + n_drafts] the drafts. dists holds each position's draft distribution q (one-hot for fresh
     # drafts, the predicted distribution for refined ones) and, once decided, its predicted distribution.
@@ -114,7 +120,7 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, gr
         if n_drafts < L - 1:
             drafter.fill(n_out + 1 + n_drafts, n_out + L, seq, dists)
         drafts, qs = seq[n_out + 1 : n_out + L], dists[n_out + 1 : n_out + L]
-        P = process(teacher.extend(state, seq[n_out : n_out + L].view(1, L))[0], c)  # (L, V); row t predicts n_out+1+t
+        P = process(teacher.extend(state, seq[n_out : n_out + L].view(1, L))[0], s)  # (L, V); row t predicts n_out+1+t
         counts["nfe"] += 1
         S = draw(P, generator, greedy)  # this pass's tokens: refinements and the bonus token
         if L > 1:
@@ -137,17 +143,21 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, gr
     return seq, counts
 
 
-@METHODS.register("sjd")
 class SJD(Method):
     """Speculative Jacobi Decoding: Jacobi windows verified by speculative sampling (lossless, training-free)."""
 
-    families = (discrete_ar.FAMILY,)
+    families = (ar_token.FAMILY,)
     Config = SJDConfig
     batch_size_one = True
     key_knobs = ("window", "init")
     rule = staticmethod(speculative_rule)
-    greedy = False  # SJD samples; Jacobi decoding may take argmax
+
+    def __init__(self, teacher, config: SJDConfig):
+        super().__init__(teacher, config)
+        if config.init.endswith("above") and len(teacher.grid) < 2:
+            raise UserError(f"init {config.init!r} reads the token above: teacher {teacher.name!r} has a 1-D grid "
+                            f"{teacher.grid}; use random, repeat-left or sample-left")
 
     def sample(self, cond, *, generator):
-        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule, greedy=self.greedy)
+        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule)
         return Samples(tokens.view(1, -1), cond, counts)

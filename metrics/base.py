@@ -9,9 +9,7 @@ so one metric object can score several arms against the same reference.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -107,14 +105,3 @@ class ImageFeatureMetric(Metric):
     def reset(self) -> None:
         self._generated.clear()
 
-
-@contextlib.contextmanager
-def fixed_seed(seed: int) -> Iterator[None]:
-    """Seed torch's global CPU RNG inside the block and restore the caller's RNG state after it.
-
-    torchmetrics' KID and IS draw their random subsets / splits from the global RNG; seeding makes a score a function of
-    the images and the seed alone, and restoring keeps the caller's random stream the same whether or not a metric ran.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield

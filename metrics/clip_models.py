@@ -26,7 +26,9 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 
 from bench.cache import Cache, config_key
 from bench.errors import UserError
-from teachers.datasets import load_image_dataset
+from bench.rng import seeded
+from bench.training import optimizer_step, threads
+from teachers.data.images import load_image_dataset
 
 CLIP_VERSION = 1  # bump when training code changes what a recipe produces
 EXAMPLE_ARCHS = ("ViT-B-16", "ViT-B-32", "ViT-L-14", "ViT-H-14")  # suggested when an architecture name is unknown
@@ -134,8 +136,7 @@ def _train(recipe: CLIPRecipe) -> dict:
     if tokens[..., -1].ne(0).any():  # the tokenizer truncates silently; a cut caption would train on a wrong text
         raise ValueError(f"{recipe.dataset} captions need more than context_length={recipe.context_length} tokens")
     g = torch.Generator().manual_seed(recipe.seed)
-    with torch.random.fork_rng(devices=[]):  # seeds parameter init without touching the caller's global RNG
-        torch.manual_seed(recipe.seed)
+    with seeded(recipe.seed):  # parameter init
         model = open_clip.CLIP(**small_clip_config(recipe))
     # The captions use a few dozen of the 49k BPE ids: learning the whole (49408, width) table would cost most of each
     # step for rows that never appear. Fixed random rows are distinct enough for the transformer above them.
@@ -145,25 +146,18 @@ def _train(recipe: CLIPRecipe) -> dict:
                             weight_decay=recipe.weight_decay)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.steps)
     pixels = eval_transform(model)(train.images)  # (N, 3, S, S): preprocessed once, it has no random augmentation
-    threads = torch.get_num_threads()
-    # One thread: the weights then do not depend on the core count (reduction order), and these small steps gain
-    # nothing from more; on the 2-core machine with another process busy, 8 s against 22-105 s on two threads.
-    torch.set_num_threads(1)
-    try:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # One thread (on the 2-core machine with another process busy, 8 s against 22-105 s on two threads).
+    with threads(1):
         model.train()
         for _ in range(recipe.steps):
             idx = torch.randint(len(pixels), (recipe.batch_size,), generator=g)
             template = torch.randint(n_tmpl, (recipe.batch_size,), generator=g)  # a random caption of the image's class
             loss = loss_fn(*model(pixels[idx], tokens[train.labels[idx], template]))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+            optimizer_step(loss, opt, sched, params, clip=None)
             with torch.no_grad():  # as open_clip's training loop: a temperature below 1/100 destabilises training
                 model.logit_scale.clamp_(0, math.log(100))
         figures = _evaluate(_small_clip(recipe, model, info={}), recipe.dataset, recipe.image_size)
-    finally:
-        torch.set_num_threads(threads)
     info = {**figures, "train_loss": loss.item(), "n_params": sum(p.numel() for p in model.parameters()),
             "n_train": len(pixels), "train_seconds": time.perf_counter() - t0}
     return {"config": dataclasses.asdict(recipe), "state_dict": model.state_dict(), "info": info}
@@ -176,7 +170,7 @@ def load_small_clip(dataset: str, image_size: int, *, cache: Cache, device: torc
     blob, cached = cache.get_or_build("extractors", key, lambda: _train(recipe))
     # Built on the CPU, not the meta device: open_clip keeps the text tower's causal mask as a non-persistent buffer,
     # which the state dict does not restore. Initialising this small model costs milliseconds.
-    with torch.random.fork_rng(devices=[]):  # the init, replaced by the cached weights, leaves the caller's RNG alone
+    with seeded(recipe.seed):  # the init, replaced by the cached weights, leaves the caller's RNG alone
         model = open_clip.CLIP(**small_clip_config(recipe))
     model.load_state_dict(blob["state_dict"])
     return _small_clip(recipe, model.to(device), info={**blob["info"], "cached": cached, "key": key})
@@ -222,6 +216,6 @@ def load_open_clip(arch: str, path: Path, *, device: torch.device) -> OpenCLIP:
     prefixed "module." (DDP); open_clip's own loader handles all three and loads strictly. The absolute path can never
     be mistaken for a pretrained tag, so nothing is downloaded.
     """
-    with torch.random.fork_rng(devices=[]):  # the random init, replaced by the checkpoint, draws from the global RNG
+    with seeded(0):  # the random init, replaced by the checkpoint, draws from the global generators
         model = open_clip.create_model(arch, pretrained=str(path), device=device)
     return OpenCLIP(arch, model, open_clip.get_tokenizer(arch), batch=CHECKPOINT_BATCH, info={"checkpoint": str(path)})

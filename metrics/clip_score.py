@@ -18,7 +18,6 @@ import torch.nn as nn
 from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScore
 
 from bench.cache import Cache
-from bench.registry import METRICS
 from metrics.base import Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip
 
@@ -58,7 +57,6 @@ class HFProcessorAdapter:
         return {"input_ids": ids, "attention_mask": ids.ne(0).long()}
 
 
-@METRICS.register("clip")
 class CLIPScore(Metric):
     """CLIP score of images against their prompts (torchmetrics' CLIPScore on an offline open_clip model)."""
 

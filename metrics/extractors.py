@@ -16,7 +16,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bench.cache import Cache, config_key
-from teachers.datasets import load_image_dataset
+from bench.rng import seeded
+from bench.training import optimizer_step, threads
+from teachers.data.images import load_image_dataset
 
 EXTRACTOR_VERSION = 1  # bump when training code changes what a recipe produces
 
@@ -108,31 +110,22 @@ def _train(recipe: ClassifierRecipe) -> dict:
     channels, classes = train.images.shape[1], len(train.class_names)
     arch = {"channels": channels, "classes": classes, "width": recipe.width}
     g = torch.Generator().manual_seed(recipe.seed)
-    with torch.random.fork_rng(devices=[]):  # seeds parameter init without touching the caller's global RNG
-        torch.manual_seed(recipe.seed)
+    with seeded(recipe.seed):  # parameter init
         net = ClassifierNet(**arch)
     opt = torch.optim.AdamW(net.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     n = len(train.labels)
     steps_per_epoch = -(-n // recipe.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch)
-    threads = torch.get_num_threads()
-    # One thread: the weights then do not depend on the core count (reduction order), and these tiny convolutions
-    # gain nothing from more threads; on a busy 2-core machine two threads made a step ~50x slower.
-    torch.set_num_threads(1)
-    try:
+    # One thread (on a busy 2-core machine two threads made a step ~50x slower for these tiny convolutions).
+    with threads(1):
         net.train()
         for _ in range(recipe.epochs):
             for idx in torch.randperm(n, generator=g).split(recipe.batch_size):
                 loss = F.cross_entropy(net(train.images[idx]), train.labels[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
+                optimizer_step(loss, opt, sched, net.parameters(), clip=None)
         net.eval()
         with torch.no_grad():
             test_accuracy = (net(test.images).argmax(-1) == test.labels).float().mean().item()
-    finally:
-        torch.set_num_threads(threads)
     info = {"train_loss": loss.item(), "n_params": sum(p.numel() for p in net.parameters()),
             "n_train": n, "n_test": len(test.labels), "train_seconds": time.perf_counter() - t0}
     return {"config": dataclasses.asdict(recipe), "arch": arch, "state_dict": net.state_dict(),

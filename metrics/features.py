@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from bench.cache import Cache, config_key
 from bench.errors import UserError
-from teachers.datasets import load_image_dataset
+from teachers.data.images import load_image_dataset
 
 CHOICES = ("cnn", "inception")
 REFERENCE_SPLIT = "test"

@@ -10,12 +10,10 @@ import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from bench.cache import Cache
-from bench.registry import METRICS
 from metrics.base import ImageFeatureMetric
 from metrics.features import Features
 
 
-@METRICS.register("fid")
 class FID(ImageFeatureMetric):
     """Frechet distance to the real test split in an extractor's features (torchmetrics; @cnn default, @inception)."""
 

@@ -3,9 +3,10 @@ note), always reported with the evaluator in its key and next to the unigram ent
 
 As SDTT's evaluation code: each sample is re-tokenised by the evaluator, its mean NLL over its next-token predictions
 is taken, and gen-PPL = exp(mean over samples of those means). Evaluators:
-- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m"): SmolLM2-135M (`teachers.smollm2`) in float32, batched
-  with right padding and an attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is
-  context only and texts of fewer than 2 tokens are not scored;
+- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m"): SmolLM2-135M-Instruct, Q4_1 dequantised to float32
+  (the registered teacher `smollm2-135m-instruct`, `teachers.pretrained.smollm2`), batched with right padding and an
+  attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is context only and texts of
+  fewer than 2 tokens are not scored;
 - `gen_ppl@tiny` (key "gen_ppl.<teacher.companion_lm>"): the causal LM trained on the teacher's own corpus and tokenizer
   (seconds instead of minutes); it reads a BOS, so every token is scored; newlines are its EOS separators again.
 """
@@ -17,16 +18,19 @@ import torch
 import torch.nn.functional as F
 
 from bench.errors import UserError
-from bench.registry import METRICS
 from metrics.base import Metric
-from teachers import load_teacher, smollm2
+from teachers import load_teacher
+from teachers.pretrained import smollm2
+
+SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher the evaluator is
 
 
 class SmolLM2Evaluator:
     name = smollm2.NAME
 
     def __init__(self, teacher, cache, device, batch: int = 16):
-        self.model, self.tok = smollm2.load_smollm2(cache, device)
+        lm = load_teacher(SMOLLM2, cache=cache, device=device)
+        self.model, self.tok = lm.network, lm.tokenizer
         self.device, self.batch = device, batch
 
     @torch.inference_mode()
@@ -72,7 +76,6 @@ class CompanionEvaluator:
 EVALUATORS = {"smollm2": SmolLM2Evaluator, "tiny": CompanionEvaluator}
 
 
-@METRICS.register("gen_ppl")
 class GenPPL(Metric):
     """exp(mean per-sample next-token NLL) of generated texts under an evaluator LM (SmolLM2-135M by default)."""
 

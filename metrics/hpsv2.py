@@ -17,7 +17,6 @@ import torch
 
 from bench.cache import Cache
 from bench.errors import UserError
-from bench.registry import METRICS
 from metrics.base import Metric
 from metrics.clip_models import check_arch, checkpoint_file, load_open_clip
 
@@ -26,7 +25,6 @@ CHECKPOINT_EXAMPLE = "HPS_v2.1_compressed.pt"
 ARCH = "ViT-H-14"  # what both HPS checkpoints were fine-tuned from
 
 
-@METRICS.register("hpsv2")
 class HPSv2(Metric):
     """Human Preference Score v2: HPS-fine-tuned open_clip ViT-H-14 cosine of image and prompt, from a local file."""
 

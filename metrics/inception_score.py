@@ -11,12 +11,11 @@ import warnings
 
 from torchmetrics.image.inception import InceptionScore as TorchmetricsInceptionScore
 
-from bench.registry import METRICS
-from metrics.base import ImageFeatureMetric, fixed_seed
+from bench.rng import seeded
+from metrics.base import ImageFeatureMetric
 from metrics.features import Features
 
 
-@METRICS.register("is")
 class InceptionScore(ImageFeatureMetric):
     """Inception score (confident and diverse class predictions) with the dataset's classifier (torchmetrics)."""
 
@@ -35,7 +34,7 @@ class InceptionScore(ImageFeatureMetric):
             warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer")  # we know
             score = TorchmetricsInceptionScore(feature=Features(self.model.num_classes), splits=splits)
         score.update(logits)
-        with fixed_seed(seed), warnings.catch_warnings():
+        with seeded(seed), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="std\\(\\): degrees of freedom")  # one split has no spread
             mean, std = score.compute()
         # The spread over splits is keyed under "is." too: every key a metric returns starts with its name.

@@ -10,12 +10,11 @@ import warnings
 
 from torchmetrics.image.kid import KernelInceptionDistance
 
-from bench.registry import METRICS
-from metrics.base import ImageFeatureMetric, fixed_seed
+from bench.rng import seeded
+from metrics.base import ImageFeatureMetric
 from metrics.features import Features
 
 
-@METRICS.register("kid")
 class KID(ImageFeatureMetric):
     """Kernel (polynomial MMD) distance to the real test split in an extractor's features (torchmetrics)."""
 
@@ -38,7 +37,7 @@ class KID(ImageFeatureMetric):
                                           subset_size=size)
         kid.update(real, real=True)
         kid.update(fake, real=False)
-        with fixed_seed(seed):
+        with seeded(seed):
             mean, std = kid.compute()
         # The spread over subsets is keyed under "kid." too: every key a metric returns starts with its name (the
         # runner tags directions and the contract test checks keys by that prefix).

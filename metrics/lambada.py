@@ -3,12 +3,13 @@ SDTT (arXiv:2410.21035 §4.1; the note's §3.4), on a local task built from held
 
 `lambada_openai` needs the hub; the local task has the same definition (context = the text up to its last space,
 target = " " + last word, metrics `acc` and `perplexity`) over test-split documents of at least `MIN_WORDS` words.
-The harness scores three kinds of model:
+It runs as a task of the runner (`bench.runner.execute`, the `accelbench lambada` command): planned, budgeted and
+logged like any trial. The harness scores three kinds of model:
 - `MDLMHarnessLM`: a masked-diffusion denoiser (a teacher's or an SDTT student's). As the paper evaluates it, `is_greedy`
   is single-pass decoding: every target token masked, one forward pass, correct only if every token's argmax is right;
   the log-likelihood is the NELBO bound over the target given the context, averaged over `ELBO_SAMPLES` antithetic t.
-- `CausalHarnessLM`: our causal LMs (teacher forcing, greedy = every target token is the argmax).
-- lm-eval's own `HFLM` on SmolLM2-135M (`hf_lm`).
+- `CausalHarnessLM`: our tiny causal LMs (teacher forcing, greedy = every target token is the argmax).
+- lm-eval's own `HFLM` on a Hugging Face causal LM teacher (SmolLM2-135M-Instruct; `hf_lm`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 from lm_eval.api.model import LM
 
-from teachers import masked_diffusion as md
+from teachers.families import masked_diffusion as md
+from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
 
 MIN_WORDS = 6
 ELBO_SAMPLES = 32
@@ -84,35 +86,37 @@ class _TokenLM(LM):
 
 
 class MDLMHarnessLM(_TokenLM):
-    def __init__(self, denoise, tokenizer, seq_len: int, mask_id: int, seed: int = 0):
+    def __init__(self, denoise, tokenizer, seq_len: int, mask_id: int, device: torch.device, seed: int = 0):
         super().__init__(tokenizer, seq_len)
-        self.denoise, self.mask_id, self.seed = denoise, mask_id, seed
+        self.denoise, self.mask_id, self.torch_device, self.seed = denoise, mask_id, device, seed
 
     @torch.inference_mode()
     def _score(self, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
-        x = torch.tensor(ctx + cont)[None]  # (1, T)
+        x = torch.tensor(ctx + cont, device=self.torch_device)[None]  # (1, T)
         target = torch.zeros_like(x, dtype=torch.bool)
         target[:, len(ctx):] = True
         one_pass = self.denoise(torch.where(target, self.mask_id, x))  # (1, T, V+1)
         greedy = bool((one_pass[target].argmax(-1) == x[target]).all())
-        g = torch.Generator().manual_seed(self.seed)
-        t = md.antithetic_times(ELBO_SAMPLES, g)  # (S,)
+        g = torch.Generator(self.torch_device).manual_seed(self.seed)
+        t = md.antithetic_times(ELBO_SAMPLES, g, self.torch_device)  # (S,)
         xs = x.expand(ELBO_SAMPLES, -1)
-        masked = (torch.rand(xs.shape, generator=g) < md.mask_prob(t)[:, None]) & target
+        masked = (torch.rand(xs.shape, generator=g, device=self.torch_device) < md.mask_prob(t)[:, None]) & target
         z = torch.where(masked, self.mask_id, xs)
         nll = -self.denoise(z).gather(-1, xs[..., None]).squeeze(-1)  # (S, T)
         return -((nll * masked).sum(1) / t).mean().item(), greedy
 
 
 class CausalHarnessLM(_TokenLM):
-    def __init__(self, lm):
+    """An unconditional AR-token teacher of ours (BOS, then the text), scored with its KV cache."""
+
+    def __init__(self, lm, device: torch.device):
         super().__init__(lm.tokenizer, lm.seq_len)
-        self.lm = lm
+        self.lm, self.torch_device = lm, device
 
     @torch.inference_mode()
     def _score(self, ctx: list[int], cont: list[int]) -> tuple[float, bool]:
-        x = torch.tensor(ctx + cont)[None]
-        state, first = self.lm.start(1)
+        x = torch.tensor(ctx + cont, device=self.torch_device)[None]
+        state, first = self.lm.start(torch.zeros(1, 0, dtype=torch.long, device=self.torch_device), cfg=1.0)
         logits = torch.cat([first[:, None], self.lm.extend(state, x[:, :-1])], 1) if x.shape[1] > 1 else first[:, None]
         logp = logits.log_softmax(-1)[0, len(ctx):]  # (len(cont), V)
         tokens = x[0, len(ctx):]
@@ -126,17 +130,15 @@ def hf_lm(model, tokenizer):
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=16)
 
 
-def lambada(teacher, *, cache, n: int, folder: Path, method=None, on_smollm2: bool = False) -> dict[str, float]:
-    """The task over `n` test documents of `teacher`'s corpus, scored for SmolLM2 (`on_smollm2`), a fitted method's
-    model (a masked-diffusion method with `denoise`, e.g. an SDTT student), or the teacher itself."""
-    from teachers import causal_lm, smollm2
-
+def lambada(teacher, method, *, cache, n: int, folder: Path, device: torch.device) -> dict[str, float]:
+    """The task over `n` test documents of `teacher`'s corpus, scored for the fitted method's model: a
+    masked-diffusion method with `denoise` (an SDTT student), else the teacher itself."""
     task = write_task(teacher.test_documents(cache), folder, n)
-    if on_smollm2:
-        lm = hf_lm(*smollm2.load_smollm2(cache, torch.device("cpu")))
-    elif teacher.family == causal_lm.FAMILY:
-        lm = CausalHarnessLM(teacher)
-    else:
+    if teacher.family is md.FAMILY:
         denoise = getattr(method, "denoise", teacher.denoise)
-        lm = MDLMHarnessLM(denoise, teacher.tokenizer, teacher.seq_len, teacher.mask_id)
+        lm = MDLMHarnessLM(denoise, teacher.tokenizer, teacher.seq_len, teacher.mask_id, device)
+    elif isinstance(teacher, HFCausalLMTeacher):
+        lm = hf_lm(teacher.network, teacher.tokenizer)
+    else:
+        lm = CausalHarnessLM(teacher, device)
     return evaluate(lm, task)

@@ -19,10 +19,10 @@ import torch
 
 from bench.cache import Cache, config_key
 from bench.errors import UserError
-from bench.registry import METRICS
 from metrics.base import Metric
 
 REPEATS = 5  # k-means seeds, as the paper averages 5 runs
+SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher whose hidden states `mauve@smollm2` reads
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,16 +37,15 @@ def minilm_features(texts: list[str], cache: Cache, device: torch.device) -> np.
 
 
 def smollm2_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
-    from teachers.smollm2 import last_hidden_states
+    from teachers import load_teacher
 
-    return last_hidden_states(texts, cache=cache, device=device).numpy()  # (n, 576)
+    return load_teacher(SMOLLM2, cache=cache, device=device).last_hidden_states(texts).numpy()  # (n, 576)
 
 
 FEATURIZERS: dict[str, Callable[[list[str], Cache, torch.device], np.ndarray]] = {
     "minilm-l6": minilm_features, "smollm2": smollm2_features}
 
 
-@METRICS.register("mauve")
 class MAUVE(Metric):
     """MAUVE of generated vs held-out text in a sentence encoder's features (mauve-text), mean over 5 seeds."""
 
@@ -60,7 +59,7 @@ class MAUVE(Metric):
         if extractor is not None and extractor not in FEATURIZERS:
             raise UserError(f"metric 'mauve': unknown featuriser {extractor!r}; valid: {', '.join(FEATURIZERS)}")
         if extractor == "smollm2":
-            from teachers.smollm2 import unavailable
+            from teachers.pretrained.smollm2 import unavailable
 
             reason = unavailable()
             return f"mauve: {reason}" if reason else None

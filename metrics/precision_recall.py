@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_features_to_metric
 
-from bench.registry import METRICS
 from metrics.base import ImageFeatureMetric
 
 
@@ -29,7 +28,6 @@ class _PrecisionRecall(ImageFeatureMetric):
         return {self.key(): float(prc[self._result])}
 
 
-@METRICS.register("precision")
 class Precision(_PrecisionRecall):
     """Share of generated images inside the k-NN manifold of the real test split (fidelity; torch-fidelity)."""
 
@@ -37,7 +35,6 @@ class Precision(_PrecisionRecall):
     _result = KEY_METRIC_PRECISION
 
 
-@METRICS.register("recall")
 class Recall(_PrecisionRecall):
     """Share of real test images inside the k-NN manifold of the generated images (coverage; torch-fidelity)."""
 

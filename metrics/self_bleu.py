@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
-from bench.registry import METRICS
 from metrics.base import Metric
 
 
-@METRICS.register("self_bleu")
 class SelfBLEU(Metric):
     """Mean BLEU-4 of each sample against the others (nltk, smoothing 1), over the first 200 samples."""
 

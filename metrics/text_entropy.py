@@ -1,8 +1,8 @@
 """Unigram entropy of generated texts, the diversity check MDLM / SDTT (arXiv:2410.21035, Zheng et al. 2024) report next
 to generative perplexity: a sampler that repeats a few tokens scores a deceptively low perplexity and a low entropy.
 
-Per sample: the entropy (nats) of the empirical distribution of its token ids under the teacher's tokenizer
-(`torch.distributions.Categorical`); the metric is the mean over samples.
+Per sample: the entropy (nats) of the empirical distribution of its token ids under the teacher's tokenizer (the text
+teachers' `encode`; `torch.distributions.Categorical`); the metric is the mean over samples.
 """
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from collections import Counter
 
 import torch
 
-from bench.registry import METRICS
 from metrics.base import Metric
 
 
-@METRICS.register("entropy")
 class TokenEntropy(Metric):
     """Mean per-sample unigram entropy (nats) of the token ids of generated texts."""
 
@@ -28,7 +26,7 @@ class TokenEntropy(Metric):
         self._values: list[float] = []
 
     def update(self, texts: list[str], cond) -> None:
-        for ids in self.teacher.tokenizer.encode(list(texts)):
+        for ids in self.teacher.encode(list(texts)):
             counts = torch.tensor(list(Counter(ids).values()), dtype=torch.float64) if ids else torch.ones(1)
             self._values.append(float(torch.distributions.Categorical(probs=counts / counts.sum()).entropy()))
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.config import check_seeds, read_yaml_mapping
 from bench.errors import UserError
-from bench.runner import plan
+from bench.runner import Plan, plan
 from bench.trial import Trial
 
 SPEC_FIELDS = {"study", "experiment", "base", "space", "objectives", "constraints", "sampler", "pruner", "n_trials",
@@ -88,9 +88,10 @@ class StudySpec:
     def directions(self) -> list[str]:
         return [o.direction for o in self.objectives]
 
-    def trial(self, knobs: dict, seed: int) -> Trial:
+    def trial(self, knobs: dict, seed: int) -> Plan:
+        """The planned trial of these knobs and seed."""
         base = dict(self.base)
-        return plan(Trial.from_mapping({**base, "params": {**base.get("params", {}), **knobs}, "seed": seed})).trial
+        return plan(Trial.from_mapping({**base, "params": {**base.get("params", {}), **knobs}, "seed": seed}))
 
 
 def _param(name: str, d: Any) -> Param:

@@ -160,11 +160,11 @@ class Objective:
             trial.set_user_attr(RUNS_ATTR, list(run_ids))
 
         for step, seed in enumerate(self.spec.seeds):
-            t = self.spec.trial(knobs, seed)
-            found = None if self.force else finished_run(self.tracker, t.key())
+            p = self.spec.trial(knobs, seed)
+            found = None if self.force else finished_run(self.tracker, p.trial.key())
             if found is None:
                 try:
-                    metrics = run_trial(t, cache=self.cache, tracker=self.tracker, opts=self.opts, tags=tags,
+                    metrics = run_trial(p, cache=self.cache, tracker=self.tracker, opts=self.opts, tags=tags,
                                         on_start=started)
                 except Exception:
                     self._mark(run_ids, "FAIL")

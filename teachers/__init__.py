@@ -1,87 +1,39 @@
-"""Teacher families and the registered tiny teachers."""
-import dataclasses
+"""Teachers: the families' contracts, the networks, the data, and the registered teachers.
+
+- `teachers.families`: one module per family (protocol, `SamplingConfig`, the teacher's own sampler): what methods use;
+- `teachers.networks`: the transformers (one per file);
+- `teachers.data`: datasets, corpora and tokenizers;
+- `teachers.tiny`: the embedded tiny teachers, trained here from data that ships with installed packages;
+- `teachers.pretrained`: teachers loaded from local checkpoint files.
+
+A registered teacher is a class with `family`, `modality` and the family's protocol, a `key()` classmethod (the
+hash of everything that determines its weights; what is derived from it is cached under it) and a
+`load(name, *, cache, device)` classmethod. Declared below by import path: importing this package imports none of
+them (`bench.registry`).
+"""
 from typing import Any
 
 from bench.registry import TEACHERS
-from teachers.image_ar import ImageARRecipe, ImageARTeacher
-from teachers.image_dit import ImageDiTRecipe, ImageDiTTeacher
-from teachers.image_mar import ImageMARRecipe, ImageMARTeacher
-from teachers.text_gpt import TextGPTTeacher
-from teachers.text_lm import TextLMRecipe
-from teachers.text_mdlm import TextMDLMTeacher
 
-
-@TEACHERS.register("digits-ar-c2i")
-class DigitsARClass(ImageARTeacher):
-    """Class-conditional AR transformer over 64 k-means patch tokens of scikit-learn digits (16x16)."""
-
-    recipe = ImageARRecipe(dataset="digits", conditioning="class")
-
-
-@TEACHERS.register("digits-ar-t2i")
-class DigitsARText(ImageARTeacher):
-    """Text-conditional AR transformer (open_clip BPE caption prefix) over 64 patch tokens of digits (16x16)."""
-
-    recipe = ImageARRecipe(dataset="digits", conditioning="text")
-
-
-@TEACHERS.register("fashion-ar-c2i")
-class FashionARClass(ImageARTeacher):
-    """Class-conditional AR transformer over 49 k-means patch tokens of Fashion-MNIST (28x28)."""
-
-    # 7x7 tokens of 4x4 patches. 256 codes: test reconstruction MSE 0.0070 (512 codes: 0.0059, at twice the output
-    # vocabulary to learn). Digits' transformer; 2000 steps of 64 images reach a test NLL of 1.51 nats/token
-    # (1500 steps of 48: 1.56, with visibly worse samples; width 128: 1.49 at 1.6x the time). 12 caption tokens
-    # hold the longest caption untruncated.
-    recipe = ImageARRecipe(dataset="fashion-mnist", conditioning="class", image_size=28, patch=4, codebook_size=256,
-                           steps=2000, batch_size=64, caption_len=12)
-
-
-@TEACHERS.register("fashion-ar-t2i")
-class FashionARText(ImageARTeacher):
-    """Text-conditional AR transformer (open_clip BPE caption prefix) over 49 patch tokens of Fashion-MNIST (28x28)."""
-
-    recipe = dataclasses.replace(FashionARClass.recipe, conditioning="text")
-
-
-@TEACHERS.register("digits-mar-c2i")
-class DigitsMARClass(ImageMARTeacher):
-    """Class-conditional MAR-style target + draft over 64 continuous 2x2-patch tokens of digits (16x16)."""
-
-    recipe = ImageMARRecipe(dataset="digits")
-
-
-@TEACHERS.register("digits-dit-c2i")
-class DigitsDiTClass(ImageDiTTeacher):
-    """Class-conditional DiT (adaLN-Zero, 16 tokens of 4x4 patches) on digits pixels (16x16), DDIM sampler."""
-
-    recipe = ImageDiTRecipe(dataset="digits")
-
-
-@TEACHERS.register("wordnet-mdlm")
-class WordNetMDLM(TextMDLMTeacher):
-    """MDLM (bidirectional, no time input) over 64-token BPE chunks of the WordNet glosses timm ships."""
-
-    recipe = TextLMRecipe()
-    companion_lm = "wordnet-gpt"
-
-
-@TEACHERS.register("wordnet-gpt")
-class WordNetGPT(TextGPTTeacher):
-    """Causal transformer with a KV cache, trained on the same chunks and tokenizer as wordnet-mdlm."""
-
-    recipe = TextLMRecipe()
-    companion_lm = "wordnet-gpt"
-
+TEACHERS.register("digits-ar-c2i", "teachers.tiny.zoo:DigitsARClass")
+TEACHERS.register("digits-ar-t2i", "teachers.tiny.zoo:DigitsARText")
+TEACHERS.register("fashion-ar-c2i", "teachers.tiny.zoo:FashionARClass")
+TEACHERS.register("fashion-ar-t2i", "teachers.tiny.zoo:FashionARText")
+TEACHERS.register("digits-mar-c2i", "teachers.tiny.zoo:DigitsMARClass")
+TEACHERS.register("digits-dit-c2i", "teachers.tiny.zoo:DigitsDiTClass")
+TEACHERS.register("wordnet-mdlm", "teachers.tiny.zoo:WordNetMDLM")
+TEACHERS.register("wordnet-gpt", "teachers.tiny.zoo:WordNetGPT")
+TEACHERS.register("smollm2-135m-instruct", "teachers.pretrained.smollm2:SmolLM2Instruct")
 
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
 
 
-def load_teacher(name: str, *, cache, device, on_trained=None):
-    """The registered teacher `name`, loaded (or trained) once per process, cache root and device: shared by the
-    runner, SDTT's causal-LM arm and the tiny gen-PPL evaluator."""
+def load_teacher(name: str, *, cache, device):
+    """The registered teacher `name`, loaded (or trained, and reported: `bench.training.report_training`) once per
+    process, cache root and device: the runner's teacher, SDTT's causal-LM arm and the gen-PPL evaluators all come
+    from here."""
     cls = TEACHERS.get(name)
     key = (name, cls.key(), str(cache.root), str(device))
     if key not in _LOADED:
-        _LOADED[key] = cls.load(name, cache=cache, device=device, on_trained=on_trained)
+        _LOADED[key] = cls.load(name, cache=cache, device=device)
     return _LOADED[key]

@@ -32,10 +32,10 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
     """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass, FashionARText,
-                          WordNetGPT, WordNetMDLM)
-    from teachers.image_mar import ModelSize
-    from teachers.text_data import TextDataRecipe
+    from teachers.tiny.zoo import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass,
+                                   FashionARText, WordNetGPT, WordNetMDLM)
+    from teachers.tiny.image_mar import ModelSize
+    from teachers.data.text import TextDataRecipe
 
     for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
         recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
@@ -73,7 +73,7 @@ def images():
     """360 digits each: the test split, a train subset, and uniform noise, at the teachers' 16x16."""
     import torch
 
-    from teachers.datasets import load_image_dataset
+    from teachers.data.images import load_image_dataset
 
     g = torch.Generator().manual_seed(1)
     train = load_image_dataset("digits", "train", 16).images

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from teachers import continuous_ar, discrete_ar
+from teachers.families import ar_token, continuous_ar
 
 
 @dataclass
@@ -28,7 +28,9 @@ class TableAR:
     looked up one by one; `codebook` is a fixed random unit vector per token (flow-matching methods map into it).
     """
 
-    family: ClassVar[str] = discrete_ar.FAMILY
+    family: ClassVar = ar_token.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True
 
     def __init__(self, vocab=3, seq_len=4, grid=(2, 2), seed=0, sharpness=1.5):
         g = torch.Generator().manual_seed(seed)
@@ -48,7 +50,7 @@ class TableAR:
         return c if cfg == 1.0 else u + cfg * (c - u)
 
     def conditions(self, n, generator):
-        return torch.zeros(n, 1, dtype=torch.long)
+        return torch.zeros(n, 1, dtype=torch.long, device=generator.device)
 
     def start(self, cond, *, cfg):
         state = _TableState([[] for _ in range(len(cond))], cfg)
@@ -71,25 +73,22 @@ class TableAR:
     def decode(self, tokens):
         return tokens.float().view(len(tokens), 1, *self.grid) / max(1, self.vocab_size - 1)
 
-    def sample(self, cond, *, generator, sampling, greedy=False):
-        return discrete_ar.sample_ar(self, cond, sampling, generator=generator, greedy=greedy)
-
-    def exact_distribution(self, s: discrete_ar.SamplingConfig) -> dict[tuple, float]:
+    def exact_distribution(self, s: ar_token.SamplingConfig) -> dict[tuple, float]:
         """Probability of every sequence under the processed (CFG, temperature, top-k) sampling distribution."""
         out = {}
         for seq in itertools.product(range(self.vocab_size), repeat=self.seq_len):
             p = 1.0
             for i in range(self.seq_len):
-                p *= float(discrete_ar.process(self._logits(list(seq[:i]), s.cfg), s)[seq[i]])
+                p *= float(ar_token.process(self._logits(list(seq[:i]), s.cfg), s)[seq[i]])
             out[seq] = p
         return out
 
 
-def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2):
+def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2, device="cpu"):
     """An untrained raster transformer wrapped as an image AR teacher: real KV cache, CFG branches, no training."""
-    from teachers.gpt import GPT, GPTConfig
-    from teachers.image_ar import ImageARRecipe, ImageARTeacher
-    from teachers.patch_vq import PatchQuantizer
+    from teachers.networks.gpt import GPT, GPTConfig
+    from teachers.tiny.image_ar import ImageARRecipe, ImageARTeacher
+    from teachers.data.patch_vq import PatchQuantizer
 
     class Tiny(ImageARTeacher):
         recipe = ImageARRecipe(dataset="digits", conditioning="class", image_size=grid[0] * 2, patch=2)
@@ -102,7 +101,7 @@ def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2):
         p.data.mul_(8.0)
     vq = PatchQuantizer(torch.rand(vocab, 4), patch=2, channels=1, image_size=grid[0] * 2)
     table = (torch.arange(10).view(10, 1, 1) + 3).expand(10, 1, cond_len).clone()
-    teacher = Tiny("tiny", model, vq, table, {})
+    teacher = Tiny("tiny", model.to(device), vq.to(device), table.to(device), {})
     teacher.grid = grid  # the quantizer is square; the raster of this fake is not, to catch row/col mix-ups
     return teacher
 
@@ -155,7 +154,7 @@ class LinearGaussianModel:
         return self.sigma_scale * torch.linspace(1.0, 0.3, steps)
 
     def denoise(self, z, x_T, eps, sampling):
-        from teachers.diffusion_head import HeadOutput
+        from teachers.networks.diffusion_head import HeadOutput
 
         target = z[:, 1] + sampling.cfg * (z[:, 0] - z[:, 1]) if z.shape[1] == 2 else z[:, 0]
         x, total, sig = x_T, torch.zeros(len(x_T)), self.sigmas(sampling.steps) * sampling.temperature
@@ -171,7 +170,8 @@ class LinearGaussianModel:
 class LinearGaussianAR:
     """A continuous-AR teacher of two `LinearGaussianModel`s: target and a deliberately different draft."""
 
-    family: ClassVar[str] = continuous_ar.FAMILY
+    family: ClassVar = continuous_ar.FAMILY
+    modality: ClassVar[str] = "image"
 
     def __init__(self, seq_len=3, dim=1, grid=(1, 3), draft_shift=0.3, draft_sigma=1.3, same=False, seed=0):
         g = torch.Generator().manual_seed(seed)
@@ -182,7 +182,7 @@ class LinearGaussianAR:
                                                                   0.5, 0.5 * draft_sigma)
 
     def conditions(self, n, generator):
-        return torch.randint(3, (n, 1), generator=generator)
+        return torch.randint(3, (n, 1), generator=generator, device=generator.device)
 
     def decode(self, tokens):
         return torch.sigmoid(tokens.flatten(1)).view(len(tokens), 1, 1, -1)
@@ -190,14 +190,11 @@ class LinearGaussianAR:
     def captions(self, cond):
         return [f"class {int(c)}" for c in cond[:, 0]]
 
-    def sample(self, cond, *, generator, sampling):
-        return continuous_ar.sample_ar(self, cond, sampling, generator=generator)
 
-
-def tiny_mar_teacher(seed=0, same=False):
+def tiny_mar_teacher(seed=0, same=False, device="cpu"):
     """An untrained MAR-style teacher (real ragged KV cache, diffusion head, CFG branches) on 4x4 images of 2x2
     patches; `same=True` makes the draft the target itself."""
-    from teachers.image_mar import ImageMARRecipe, ImageMARTeacher, ModelSize
+    from teachers.tiny.image_mar import ImageMARRecipe, ImageMARTeacher, ModelSize
 
     size = ModelSize(n_layer=2, n_head=2, n_embd=16, head_width=16, head_depth=1)
 
@@ -209,14 +206,15 @@ def tiny_mar_teacher(seed=0, same=False):
     for m in (target, draft):
         for p in m.parameters():  # the head's output starts at zero; give every layer weight
             p.data.add_(0.3 * torch.randn_like(p))
+    target, draft = target.to(device), draft.to(device)
     return Tiny("tiny-mar", target, target if same else draft, {})
 
 
-def tiny_dit_teacher(seed=0):
+def tiny_dit_teacher(seed=0, device="cpu"):
     """An untrained class-conditional DiT teacher (8x8 images, 4 tokens), adaLN weights made non-zero so that every
     block, the time and the class matter."""
-    from teachers.dit import DiT, DiTConfig
-    from teachers.image_dit import ImageDiTRecipe, ImageDiTTeacher
+    from teachers.networks.dit import DiT, DiTConfig
+    from teachers.tiny.image_dit import ImageDiTRecipe, ImageDiTTeacher
 
     class Tiny(ImageDiTTeacher):
         recipe = ImageDiTRecipe(dataset="digits", image_size=8, patch=4, hidden=16, depth=3, heads=2)
@@ -225,11 +223,14 @@ def tiny_dit_teacher(seed=0):
     model = DiT(DiTConfig(image_size=8, patch=4, hidden=16, depth=3, heads=2))
     for p in model.parameters():
         p.data.add_(0.2 * torch.randn_like(p))
-    return Tiny("tiny-dit", model, {})
+    return Tiny("tiny-dit", model.to(device), {})
 
 
 class CharTokenizer:
     """Ids 0..V-2 are the letters a, b, c, ...; id V-1 is EOS, decoded as a newline."""
+
+    def batch_decode(self, ids, skip_special_tokens=True):  # a Hugging Face tokenizer's method
+        return self.decode(ids)
 
     def __init__(self, vocab_size: int):
         self.vocab_size, self.eos_id = vocab_size, vocab_size - 1
@@ -254,10 +255,10 @@ def markov_chunks(vocab: int, seq_len: int, n: int, seed: int = 0) -> torch.Tens
     return x
 
 
-def _text_teacher(base, model, vocab, seq_len, chunks, name):
+def _text_teacher(base, model, vocab, seq_len, chunks, name, device):
     from bench.cache import config_key
-    from teachers.text_data import TextDataRecipe
-    from teachers.text_lm import TextLMRecipe
+    from teachers.data.text import TextDataRecipe
+    from teachers.tiny.text_lm import TextLMRecipe
 
     class Tiny(base):
         recipe = TextLMRecipe(data=TextDataRecipe(seq_len=seq_len), n_layer=1, n_head=2, n_embd=32)  # data unused
@@ -270,16 +271,17 @@ def _text_teacher(base, model, vocab, seq_len, chunks, name):
         def training_chunks(self, cache):
             return chunks
 
-    return Tiny(name, model, CharTokenizer(vocab), chunks[:16], {})
+    chunks = chunks.to(device)
+    return Tiny(name, model.to(device), CharTokenizer(vocab), chunks[:16], {})
 
 
-def tiny_mdlm_teacher(seed=0, vocab=8, seq_len=8, train_steps=0):
+def tiny_mdlm_teacher(seed=0, vocab=8, seq_len=8, train_steps=0, device="cpu"):
     """An MDLM teacher (real denoiser, SUBS, sampler) over a Markov chain of `vocab` letters; `train_steps` > 0
     trains it on the chain first (a second per 100 steps), so that distillation has something to match."""
     from bench.training import optimizer_step, warmup_cosine
-    from teachers import masked_diffusion as md
-    from teachers.mdlm_net import MDLMNet, MDLMNetConfig
-    from teachers.text_mdlm import TextMDLMTeacher
+    from teachers.families import masked_diffusion as md
+    from teachers.networks.mdlm import MDLMNet, MDLMNetConfig
+    from teachers.tiny.text_mdlm import TextMDLMTeacher
 
     torch.manual_seed(seed)
     chunks = markov_chunks(vocab, seq_len, 512, seed)
@@ -294,16 +296,42 @@ def tiny_mdlm_teacher(seed=0, vocab=8, seq_len=8, train_steps=0):
             z = md.corrupt(x, t, vocab, g)
             loss = md.nelbo(model(z), x, z, t, vocab).mean()
             optimizer_step(loss, opt, sched, model.parameters())
-    return _text_teacher(TextMDLMTeacher, model, vocab, seq_len, chunks, "tiny-mdlm")
+    return _text_teacher(TextMDLMTeacher, model, vocab, seq_len, chunks, "tiny-mdlm", device)
 
 
-def tiny_text_gpt_teacher(seed=0, vocab=8, seq_len=8):
+def tiny_text_gpt_teacher(seed=0, vocab=8, seq_len=8, device="cpu"):
     """An untrained causal LM teacher (the real GPT with its KV cache and BOS condition) over `vocab` letters."""
-    from teachers.gpt import GPT, GPTConfig
-    from teachers.text_gpt import TextGPTTeacher
+    from teachers.networks.gpt import GPT, GPTConfig
+    from teachers.tiny.text_gpt import TextGPTTeacher
 
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab, 1, 1, seq_len, n_layer=2, n_head=2, n_embd=32))
-    for p in model.parameters():  # larger weights than the init, so the logits depend on the prefix
-        p.data.mul_(8.0)
-    return _text_teacher(TextGPTTeacher, model, vocab, seq_len, markov_chunks(vocab, seq_len, 64, seed), "tiny-gpt")
+    for p in model.parameters():  # larger weights than the init, so the logits depend on the prefix (x3: peaked, not
+        p.data.mul_(3.0)  # one-hot: 59 of the 256 4-token sequences keep mass under top_p 0.9)
+    return _text_teacher(TextGPTTeacher, model, vocab, seq_len, markov_chunks(vocab, seq_len, 64, seed), "tiny-gpt",
+                         device)
+
+
+def tiny_hf_lm_teacher(seed=0, vocab=4, new_tokens=4, prompt_len=2, device="cpu"):
+    """A random-weight Llama (transformers' `LlamaForCausalLM`, the architecture of SmolLM2) wrapped as the HF
+    causal-LM teacher: the real `DynamicCache`, cropped on rollback; prompts are fixed random token rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    network = LlamaForCausalLM(config)
+    for p in network.parameters():  # larger weights than the init, so the logits depend strongly on the prefix
+        p.data.mul_(6.0)
+    prompts = torch.randint(vocab, (3, prompt_len), generator=torch.Generator().manual_seed(seed))
+    return HFCausalLMTeacher("tiny-llama", network.to(device), CharTokenizer(vocab), prompts.to(device), ["ab"],
+                             new_tokens, {})
+
+
+def make_config(cls, **knobs):
+    """A method config from flat knobs, as the CLI builds it (`sampling` knobs by their own names)."""
+    from bench.config import build_config
+
+    return build_config(cls, knobs, owner=cls.__name__)

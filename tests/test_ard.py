@@ -8,13 +8,13 @@ from bench.config import build_config
 from bench.errors import UserError
 from methods.ard import ARD, KD, ARDConfig, StepDistill, knot_states, time_labels
 from methods.ard_student import ARDStudent
-from teachers import ode_diffusion
-from tests.fakes import tiny_dit_teacher
+from teachers.families import ode_diffusion
+from tests.fakes import make_config, tiny_dit_teacher
 
 
 def _student(teacher, S=3, N=2, mask="M4", time_embed="adaln_tokenwise"):
     torch.manual_seed(0)
-    s = ARDStudent(teacher.model, S, N, mask, time_embed, [999.0, 600.0, 300.0][:S] if S <= 3 else
+    s = ARDStudent(teacher.network, S, N, mask, time_embed, [999.0, 600.0, 300.0][:S] if S <= 3 else
                    [999 * (S - k) / S for k in range(S)]).eval()
     for p in s.parameters():  # break the symmetry of the copied heads and the teacher init
         p.data.add_(0.05 * torch.randn_like(p))
@@ -61,8 +61,8 @@ def test_n_zero_is_step_distillation_on_the_same_code_path(tmp_path):
     knobs = dict(steps=4, student_steps=2, n_traj=16, train_steps=3, batch=4)
     cond = teacher.conditions(3, torch.Generator().manual_seed(0))
     outs = []
-    for method in (StepDistill(teacher, StepDistill.Config(**knobs)),
-                   ARD(teacher, ARDConfig(history_layers=0, mask="M1", **knobs))):
+    for method in (StepDistill(teacher, make_config(StepDistill.Config, **knobs)),
+                   ARD(teacher, make_config(ARDConfig, history_layers=0, mask="M1", **knobs))):
         method.fit(cache=Cache(tmp_path))
         outs.append(method.sample(cond, generator=torch.Generator().manual_seed(4)).data)
     assert torch.equal(outs[0], outs[1])
@@ -72,10 +72,10 @@ def test_n_zero_is_step_distillation_on_the_same_code_path(tmp_path):
 
 def test_one_step_is_kd_the_teacher_network_plus_one_head():
     teacher = tiny_dit_teacher()
-    student = ARDStudent(teacher.model, 1, 0, "M4", "adaln_tokenwise", [999.0]).eval()
+    student = ARDStudent(teacher.network, 1, 0, "M4", "adaln_tokenwise", [999.0]).eval()
     x, y = torch.randn(3, 1, 8, 8), torch.tensor([0, 4, 9])
     with torch.no_grad():
-        assert torch.allclose(student.rollout(x, y)[:, 0], teacher.model(x, torch.full((3,), 999), y), atol=1e-6)
+        assert torch.allclose(student.rollout(x, y)[:, 0], teacher.network(x, torch.full((3,), 999), y), atol=1e-6)
     assert len(student.heads) == 1 and KD.Config().student_steps == 1
 
 
@@ -97,10 +97,10 @@ def test_extra_flops_are_the_history_attention_and_nothing_else(tmp_path):
     base = dict(steps=4, student_steps=3, n_traj=8, train_steps=1, batch=2)
     flops = {}
     for N, mask in ((0, "M1"), (2, "M4"), (2, "M3")):
-        method = ARD(teacher, ARDConfig(history_layers=N, mask=mask, **base))
+        method = ARD(teacher, make_config(ARDConfig, history_layers=N, mask=mask, **base))
         flops[(N, mask)] = method.fit(cache=Cache(tmp_path))
     assert flops[(0, "M1")]["extra_flops_vs_teacher_step"] == 0.0  # step distillation costs a teacher forward
-    L, d = teacher.model.cfg.tokens, teacher.model.cfg.hidden
+    L, d = teacher.network.cfg.tokens, teacher.network.cfg.hidden
     for (N, mask), visible_blocks in (((2, "M4"), 0 + 1 + 2), ((2, "M3"), 0 + 1 + 1)):
         extra = (flops[(N, mask)]["student_gflops_per_step"] - flops[(0, "M1")]["student_gflops_per_step"]) * 1e9
         # QK^T and AV over the extra keys: 2 products x 2 FLOPs per MAC x L x L x d per layer and history block
@@ -124,16 +124,16 @@ def test_discriminator_finetune_runs_and_its_adaptive_weight_is_the_gradient_rat
     from methods.ard_gan import Discriminator, adaptive_weight
 
     teacher = tiny_dit_teacher()
-    disc = Discriminator(teacher.model)
+    disc = Discriminator(teacher.network)
     x, y = torch.randn(3, 1, 8, 8), torch.tensor([1, 2, 3])
-    assert disc(x, y).shape == (3, teacher.model.cfg.depth * teacher.model.cfg.tokens)
+    assert disc(x, y).shape == (3, teacher.network.cfg.depth * teacher.network.cfg.tokens)
     assert not any(p.requires_grad for p in disc.teacher.parameters())  # the teacher stays frozen
     w = torch.randn(4, requires_grad=True)
     loss_r, loss_g = (w * 2).sum(), (w * 0.5).sum()  # gradients 2 and 0.5 per entry: norms 4 and 1
     assert adaptive_weight(loss_r, loss_g, w, 10.0).item() == pytest.approx(10 * 4 / (1 + 1e-4))
     knobs = dict(steps=4, student_steps=2, n_traj=16, train_steps=2, batch=4)
-    plain = ARD(teacher, ARDConfig(**knobs))
-    gan = ARD(teacher, ARDConfig(gan_steps=2, gan_warmup=1, **knobs))
+    plain = ARD(teacher, make_config(ARDConfig, **knobs))
+    gan = ARD(teacher, make_config(ARDConfig, gan_steps=2, gan_warmup=1, **knobs))
     info = gan.fit(cache=Cache(tmp_path))
     plain.fit(cache=Cache(tmp_path))
     assert {"gan_loss_r", "gan_loss_g", "gan_loss_d", "gan_weight"} <= set(info) and info["gan_weight"] > 0

@@ -5,7 +5,8 @@ from mlflow.tracking import MlflowClient
 
 from bench import cli
 from bench.registry import METHODS
-from methods.ar import AR
+from methods.own import AR
+from teachers.families import masked_diffusion
 
 
 @pytest.fixture()
@@ -107,6 +108,10 @@ def test_sdtt_trial_end_to_end_with_its_baseline_arms(tiny_recipe, store, tmp_pa
         for key in ("gen_ppl.wordnet-gpt", "entropy.tokens", "sec_per_sample_median"):
             assert arm + key in m, arm + key
     assert m["fit/round2_teacher_steps"] == 4 and "fit/round1_loss_end" in m
+    # the companion LM (the "ar" arm and gen_ppl@tiny) was trained inside the trial: logged like the teacher
+    training = client.get_experiment_by_name("accelbench-training")
+    trained = {r.info.run_name for r in client.search_runs([training.experiment_id])}
+    assert trained == {"train:wordnet-mdlm", "train:wordnet-gpt"}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"samples.txt", "ref_samples.txt", "same_steps_samples.txt", "ar_samples.txt"} <= artifacts
     text = open(client.download_artifacts(run.info.run_id, "samples.txt")).read()
@@ -128,7 +133,8 @@ def test_lambada_scores_an_sdtt_student_and_the_teacher_through_lm_eval(tiny_rec
                      "iters_per_round=2", "--param", "batch=4"]) == 0
     assert "sdtt on the LAMBADA-style task of wordnet-mdlm" in capsys.readouterr().out
     runs = [r for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "lambada"]
-    assert sorted(r.data.params["model"] for r in runs) == ["sdtt", "wordnet-mdlm"]
+    assert sorted(r.data.params["method"] for r in runs) == ["mdlm", "sdtt"]  # no --method: the teacher itself
+    assert all(r.info.status == "FINISHED" and r.data.params["n_samples"] == "20" for r in runs)
     for r in runs:
         assert 0 <= r.data.metrics["lambada.acc"] <= 1 and r.data.metrics["lambada.perplexity"] > 1
     assert cli.main([*args[:-4], "--teacher", "digits-ar-c2i"]) == 2
@@ -166,7 +172,7 @@ def test_trial_yaml_file_gives_the_same_trial_key(tiny_recipe, store, cache_dir,
 class OtherFamilyMethod(AR):
     """A method for a family no registered teacher belongs to."""
 
-    families = ("masked-diffusion-lm",)
+    families = (masked_diffusion.FAMILY,)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -229,7 +235,7 @@ def test_list_shows_every_entry_with_families(capsys):
     for name in ("digits-ar-c2i", "digits-ar-t2i", "fashion-ar-c2i", "ar", "jacobi", "sjd", "dd", "onestep*",
                  "skip-n", "fid", "clip", "hpsv2"):
         assert name in out
-    assert "families: discrete-ar" in out
+    assert "families: ar-token" in out and "[masked-diffusion-lm, text]" in out
 
 
 def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe, store, cache_dir, monkeypatch):

@@ -5,17 +5,20 @@ import pytest
 import torch
 
 from bench.cache import Cache
-from bench.config import build_config
+from bench.config import build_config, knobs
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
-from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_mar_teacher,
-                         tiny_mdlm_teacher, tiny_text_gpt_teacher)
+from methods.base import OwnSampler
+from teachers.families import ar_token, continuous_ar, masked_diffusion, ode_diffusion
+from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher,
+                         tiny_mar_teacher, tiny_mdlm_teacher, tiny_text_gpt_teacher)
 
-FAKES = {"discrete-ar": [TableAR, tiny_gpt_teacher], "continuous-ar": [LinearGaussianAR, tiny_mar_teacher],
-         "ode-diffusion": [tiny_dit_teacher], "masked-diffusion-lm": [tiny_mdlm_teacher],
-         "causal-lm": [tiny_text_gpt_teacher]}
-SEQUENCE_FAMILIES = ("discrete-ar", "masked-diffusion-lm", "causal-lm")  # samples are (B, N) token ids
+FAMILIES = (ar_token.FAMILY, continuous_ar.FAMILY, ode_diffusion.FAMILY, masked_diffusion.FAMILY)
+FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher],
+         continuous_ar.FAMILY: [LinearGaussianAR, tiny_mar_teacher], ode_diffusion.FAMILY: [tiny_dit_teacher],
+         masked_diffusion.FAMILY: [tiny_mdlm_teacher]}
+SEQUENCE_FAMILIES = (ar_token.FAMILY, masked_diffusion.FAMILY)  # samples are (B, N) token ids
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
             "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64},
@@ -27,25 +30,45 @@ FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 
 def test_teacher_entry(name):
     cls = TEACHERS.get(name)
     assert cls.__doc__ and cls.family in FAKES, "every family needs a fake teacher in tests/fakes.py"
-    assert cls.reference_method in METHODS.names()
+    assert cls.modality in ("image", "text")
     assert cls.key() == cls.key() and len(cls.key()) == 20
+    missing = getattr(cls, "unavailable", lambda: None)()
+    assert missing is None or (isinstance(missing, str) and "\n" not in missing)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_family_contract(family):
+    """A family names its sampling config and its own sampler, registered as a method that accepts the family."""
+    assert dataclasses.is_dataclass(family.SamplingConfig) and family.SamplingConfig.__dataclass_params__.frozen
+    own = METHODS.get(family.sampler)
+    assert issubclass(own, OwnSampler) and family in own.families
+    for make in FAKES[family]:
+        teacher = make()
+        s = family.SamplingConfig()
+        out = family.sample(teacher, teacher.conditions(2, torch.Generator().manual_seed(0)), s,
+                            generator=torch.Generator().manual_seed(1))
+        assert isinstance(out, Samples) and len(out.data) == 2
 
 
 @pytest.mark.parametrize("name", METHODS.names())
 def test_method_entry(name, tmp_path):
     cls = METHODS.get(name)
-    assert cls.__doc__ and cls.families
+    assert cls.__doc__ and cls.families and set(cls.modalities) <= {"image", "text"}
+    declared = {k for family in cls.families for k in knobs(cls.config_class(family))}
+    assert set(cls.key_knobs) <= declared, "key knobs must be knobs (of at least one family's config)"
     for family in cls.families:
         config_cls = cls.config_class(family)
         cfg = config_cls()  # defaults are valid
         assert dataclasses.is_dataclass(cfg) and config_cls.__dataclass_params__.frozen
+        assert isinstance(cls.sampling_of(cfg), family.SamplingConfig)  # what the reference arm samples with
+        knobs(config_cls)  # no knob declared twice (a method knob named like a sampling setting)
         with pytest.raises(UserError, match="no_such_knob"):
             build_config(config_cls, {"no_such_knob": 1}, owner=name)
         fast = build_config(config_cls, FAST_FIT.get(name, {}), owner=name)
         for make in FAKES[family]:
             teacher = make()
-            if getattr(cls, "needs_network", False) and not hasattr(teacher, "model"):
-                continue  # a student initialised from the teacher's transformer: the table fake has none
+            if teacher.modality not in cls.modalities or (name == "dd" and not hasattr(teacher, "network")):
+                continue  # an image-only method on a text fake; DD's student needs a network (the table fake has none)
             cond = teacher.conditions(1, torch.Generator().manual_seed(0))
             method = cls(teacher, fast)
             fit_info = method.fit(cache=Cache(tmp_path))
@@ -56,16 +79,17 @@ def test_method_entry(name, tmp_path):
             if family in SEQUENCE_FAMILIES:
                 assert out.data.shape == (1, teacher.seq_len) and out.data.dtype == torch.long
                 assert 0 <= out.data.min() and out.data.max() < teacher.vocab_size
-            elif family == "continuous-ar":
+            elif family == continuous_ar.FAMILY:
                 assert out.data.shape == (1, teacher.seq_len, teacher.token_dim) and out.data.isfinite().all()
             else:
                 assert out.data.shape == (1, *teacher.image_shape) and out.data.isfinite().all()
-            if family == "masked-diffusion-lm":  # at most one pass per step, and the noise-removal pass
-                assert 1 <= out.counters["nfe"] <= fast.steps + 1 and out.counters["tokens"] == teacher.seq_len
-            elif family != "ode-diffusion":  # a sequence: at most one pass per token
+            steps = cls.sampling_of(fast).steps if family in (masked_diffusion.FAMILY, ode_diffusion.FAMILY) else 0
+            if family == masked_diffusion.FAMILY:  # at most one pass per step, and the noise-removal pass
+                assert 1 <= out.counters["nfe"] <= steps + 1 and out.counters["tokens"] == teacher.seq_len
+            elif family != ode_diffusion.FAMILY:  # a sequence: at most one pass per token
                 assert 1 <= out.counters["nfe"] <= teacher.seq_len and out.counters["tokens"] == teacher.seq_len
             else:  # an image: at most one pass per teacher step
-                assert 1 <= out.counters["nfe"] <= fast.steps and out.counters["tokens"] == 1
+                assert 1 <= out.counters["nfe"] <= steps and out.counters["tokens"] == 1
             assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
 
 

@@ -9,13 +9,14 @@ from scipy import stats
 from bench.config import build_config
 from bench.errors import UserError
 from methods.cspd import CSpD, CSpDConfig
-from teachers.continuous_ar import SamplingConfig, sample_ar
-from tests.fakes import LinearGaussianAR, tiny_mar_teacher
+from teachers.families.continuous_ar import SamplingConfig, sample_ar
+from tests.fakes import LinearGaussianAR, make_config, tiny_mar_teacher
 
 
 def _run(teacher, n, seed=0, **knobs):
     cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
-    return CSpD(teacher, CSpDConfig(**knobs)).sample(cond, generator=torch.Generator().manual_seed(seed + 1))
+    method = CSpD(teacher, make_config(CSpDConfig, **knobs))
+    return method.sample(cond, generator=torch.Generator().manual_seed(seed + 1))
 
 
 def _ar(teacher, n, seed=0, **sampling):

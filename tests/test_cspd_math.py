@@ -14,7 +14,7 @@ from scipy import stats
 from scipy.integrate import cumulative_trapezoid, trapezoid
 
 from methods.cspd import acceptance_log_ratio, log_density, log_sigma, residual_sample
-from teachers.diffusion_head import HeadOutput
+from teachers.networks.diffusion_head import HeadOutput
 
 N = 100_000
 KS_OK, KS_BIASED = 1e-3, 1e-6  # p-value floors: an exact sampler passes, a biased one is rejected

@@ -15,10 +15,11 @@ from bench.cache import Cache
 from bench.errors import UserError
 from bench.registry import TEACHERS
 from metrics.extractors import ClassifierRecipe, classifier_recipe, load_classifier
-from teachers import FashionARText, datasets
-from teachers.datasets import FASHION_DIR, FASHION_ENV, FASHION_FILES, caption_table, load_image_dataset
-from teachers.discrete_ar import SamplingConfig, sample_ar
-from teachers.image_ar import CaptionVocab
+from teachers.data import images as datasets
+from teachers.tiny.zoo import FashionARText
+from teachers.data.images import FASHION_DIR, FASHION_ENV, FASHION_FILES, caption_table, load_image_dataset
+from teachers.families.ar_token import SamplingConfig, sample_ar
+from teachers.tiny.image_ar import CaptionVocab
 
 CPU = torch.device("cpu")
 SIZES = {"train": 40, "test": 20}

@@ -10,7 +10,7 @@ from bench.errors import UserError
 from methods.dd import DD, DDConfig
 from methods.dd_student import DDStudent
 from methods.onestep import OneStep, OneStepConfig
-from tests.fakes import tiny_gpt_teacher
+from tests.fakes import make_config, tiny_gpt_teacher
 
 FAST = dict(n_pairs=256, train_steps=40, batch=16, solver_steps=4)
 
@@ -20,7 +20,7 @@ def toy_teacher(steps: int = 150):
     p(x1) = 1/2 and p(x2 | x1) = delta(x1)."""
     teacher = tiny_gpt_teacher(vocab=2, grid=(1, 2), cond_len=1)
     teacher.vq.codebook = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    model = teacher.model
+    model = teacher.network
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         for p in model.parameters():  # back to the usual scale: tiny_gpt_teacher inflates weights for SJD tests
@@ -46,13 +46,13 @@ def toy():
 
 def test_student_starts_from_the_teacher(tmp_path):
     teacher = tiny_gpt_teacher()
-    student = DDStudent(teacher.model, teacher.codebook)
+    student = DDStudent(teacher.network, teacher.codebook)
     # Least-squares input layer: codebook vectors land nearer the teacher's token embeddings than a zero map would.
     mapped = student.inp(teacher.codebook)
-    target = teacher.model.tok_emb.weight
+    target = teacher.network.tok_emb.weight
     assert (mapped - target).pow(2).sum() < target.pow(2).sum()
-    assert torch.equal(student.head.weight, teacher.model.head.weight)
-    assert student.head.weight.data_ptr() != teacher.model.head.weight.data_ptr()  # a copy, the teacher untouched
+    assert torch.equal(student.net.head.weight, teacher.network.head.weight)
+    assert student.net.head.weight.data_ptr() != teacher.network.head.weight.data_ptr()  # a copy, the teacher untouched
     cond = teacher.conditions(3, torch.Generator().manual_seed(0))
     tokens = torch.randint(teacher.vocab_size, (3, teacher.seq_len))
     noise = torch.randn(3, teacher.seq_len, 4)
@@ -69,15 +69,15 @@ def test_student_dropout_is_its_own():
     x, is_data = torch.randn(2, teacher.seq_len, 4), torch.zeros(2, teacher.seq_len, dtype=torch.bool)
     outputs = {}
     for rate in (0.0, 0.5):
-        student = DDStudent(teacher.model, teacher.codebook, dropout=rate).train()
-        assert torch.equal(student.blocks[0].mlp[0].weight, teacher.model.blocks[0].mlp[0].weight)
+        student = DDStudent(teacher.network, teacher.codebook, dropout=rate).train()
+        assert torch.equal(student.net.blocks[0].mlp[0].weight, teacher.network.blocks[0].mlp[0].weight)
         outputs[rate] = [student(cond, x, is_data)[0] for _ in range(2)]
     assert torch.equal(*outputs[0.0]) and not torch.equal(*outputs[0.5])
 
 
 def test_student_output_depends_only_on_earlier_positions():
     teacher = tiny_gpt_teacher()
-    student = DDStudent(teacher.model, teacher.codebook).eval()
+    student = DDStudent(teacher.network, teacher.codebook).eval()
     cond = teacher.conditions(1, torch.Generator().manual_seed(0))
     noise = torch.randn(1, teacher.seq_len, 4)
     tokens = torch.zeros(1, teacher.seq_len, dtype=torch.long)
@@ -92,11 +92,11 @@ def test_student_output_depends_only_on_earlier_positions():
 
 def test_training_lowers_the_loss_and_is_cached(tmp_path):
     teacher, cache = tiny_gpt_teacher(), Cache(tmp_path)
-    short = DD(teacher, DDConfig(**{**FAST, "train_steps": 1}))
-    long = DD(teacher, DDConfig(**{**FAST, "train_steps": 60}))
+    short = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 1}))
+    long = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 60}))
     first, trained = short.fit(cache=cache), long.fit(cache=cache)
     assert trained["train_ce"] < first["train_ce"] and not trained["student_cached"]
-    again = DD(teacher, DDConfig(**{**FAST, "train_steps": 60}, steps=2)).fit(cache=cache)  # a sampling knob only
+    again = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 60}, steps=2)).fit(cache=cache)  # sampling only
     assert again["student_cached"] == 1.0 and again["pairs_cached"] == 1.0
 
 
@@ -106,14 +106,14 @@ def test_samplers_count_their_passes_and_are_deterministic(tmp_path):
     cond = teacher.conditions(3, torch.Generator().manual_seed(0))
     for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + 1 + (4 - 2)),
                           ({"steps": 2, "ts": 1}, 1 + (4 - 1))):
-        method = DD(teacher, DDConfig(**FAST, **knobs))
+        method = DD(teacher, make_config(DDConfig, **FAST, **knobs))
         method.fit(cache=cache)
         a, b = (method.sample(cond, generator=torch.Generator().manual_seed(9)) for _ in range(2))
         assert torch.equal(a.data, b.data) and a.counters == b.counters, knobs
         assert a.counters["nfe"] == 3 * passes and a.counters["tokens"] == 3 * n, knobs
-    one = DD(teacher, DDConfig(**FAST, steps=1))
+    one = DD(teacher, make_config(DDConfig, **FAST, steps=1))
     one.fit(cache=cache)
-    two = DD(teacher, DDConfig(**FAST, steps=2))
+    two = DD(teacher, make_config(DDConfig, **FAST, steps=2))
     two.fit(cache=cache)
     x1 = one.sample(cond, generator=torch.Generator().manual_seed(9)).data
     x2 = two.sample(cond, generator=torch.Generator().manual_seed(9)).data
@@ -123,23 +123,24 @@ def test_samplers_count_their_passes_and_are_deterministic(tmp_path):
 def test_bad_timesteps_are_refused():
     teacher = tiny_gpt_teacher()
     with pytest.raises(UserError, match="t2 must be in"):
-        DD(teacher, DDConfig(t2=13))
+        DD(teacher, make_config(DDConfig, t2=13))
     with pytest.raises(UserError, match="ts must be < t2"):
-        DD(teacher, DDConfig(steps=2, t2=4, ts=4))
-    with pytest.raises(ValueError, match="needs steps=2"):
-        DDConfig(ts=2)
+        DD(teacher, make_config(DDConfig, steps=2, t2=4, ts=4))
+    with pytest.raises(UserError, match="needs steps=2"):
+        make_config(DDConfig, ts=2)
     with pytest.raises(UserError, match="split must be in"):
-        DD(teacher, DDConfig(split=13))
-    assert DD(teacher, DDConfig()).split == 6 and DD(teacher, DDConfig(split=12)).split == 12  # 0.5 * n by default
+        DD(teacher, make_config(DDConfig, split=13))
+    assert DD(teacher, DDConfig()).split == 6  # 0.5 * n by default
+    assert DD(teacher, make_config(DDConfig, split=12)).split == 12
 
 
 def test_two_token_toy_dd_is_valid_where_onestep_star_is_not(toy, tmp_path):
     """Prop. 3.1: per-position marginals pair tokens at random (~50 % invalid); DD learns the joint (~0 %)."""
     cache = Cache(tmp_path)
     cond = toy.conditions(1000, torch.Generator().manual_seed(0))
-    dd = DD(toy, DDConfig(n_pairs=512, train_steps=150, batch=64, lr=3e-3, t2=2))
+    dd = DD(toy, make_config(DDConfig, n_pairs=512, train_steps=150, batch=64, lr=3e-3, t2=2))
     dd.fit(cache=cache)
-    onestep = OneStep(toy, OneStepConfig(n_pairs=512))
+    onestep = OneStep(toy, make_config(OneStepConfig, n_pairs=512))
     onestep.fit(cache=cache)
     invalid = {}
     for name, method in (("dd", dd), ("onestep*", onestep)):

@@ -12,11 +12,11 @@ from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.skip import Skip, SkipConfig
 from methods.token_flow import FlowConfig
-from teachers import discrete_ar
-from tests.fakes import TableAR, tiny_gpt_teacher
+from teachers.families import ar_token
+from tests.fakes import TableAR, make_config, tiny_gpt_teacher
 
 SAMPLING = dict(top_k=6, cfg=2.0)  # a truncated, guided target exercises process() and both CFG branches
-S = discrete_ar.SamplingConfig(**SAMPLING)
+S = ar_token.SamplingConfig(**SAMPLING)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def fitted(tmp_path_factory):
     """tiny_gpt_teacher with onestep* fitted on 512 pairs, and the cache holding them."""
     cache = Cache(tmp_path_factory.mktemp("pairs"))
     teacher = tiny_gpt_teacher()
-    method = OneStep(teacher, OneStepConfig(n_pairs=512, **SAMPLING))
+    method = OneStep(teacher, make_config(OneStepConfig, n_pairs=512, **SAMPLING))
     info = method.fit(cache=cache)
     return teacher, method, cache, info
 
@@ -32,7 +32,7 @@ def fitted(tmp_path_factory):
 def test_pairs_follow_the_teacher_distribution(tmp_path):
     """Alg. 1 on the enumerable table model: the flow-mapped sequences are distributed as the teacher's samples."""
     teacher = TableAR(vocab=3, seq_len=4)
-    s = discrete_ar.SamplingConfig(top_k=2, temperature=0.8, cfg=1.5)
+    s = ar_token.SamplingConfig(top_k=2, temperature=0.8, cfg=1.5)
     pairs = generate_pairs(teacher, s, PairConfig(n_pairs=4000, batch=1000), cache=Cache(tmp_path))
     exact = teacher.exact_distribution(s)
     counts = Counter(map(tuple, pairs.tokens.tolist()))
@@ -44,7 +44,7 @@ def test_pairs_follow_the_teacher_distribution(tmp_path):
 
 def test_pairs_are_a_function_of_the_noise(fitted):
     teacher, method, cache, _ = fitted
-    pairs = generate_pairs(teacher, method.config, method.config.pairs, cache=cache)
+    pairs = generate_pairs(teacher, method.config.sampling, method.config.pairs, cache=cache)
     assert pairs.noise.shape == (512, teacher.seq_len, 4) and pairs.noise.dtype == torch.float32
     assert pairs.tokens.shape == (512, teacher.seq_len) and pairs.tokens.dtype == torch.long
     assert pairs.cond.shape == (512, 2) and pairs.info["n_pairs"] == 512
@@ -57,15 +57,15 @@ def test_second_fit_reuses_the_cached_pairs(fitted, monkeypatch):
     teacher, method, cache, info = fitted
     assert info["pairs_cached"] == 0.0
     monkeypatch.setattr(dd_pairs, "_generate", lambda *a: pytest.fail("pairs regenerated"))
-    again = OneStep(teacher, OneStepConfig(n_pairs=512, **SAMPLING)).fit(cache=cache)
+    again = OneStep(teacher, make_config(OneStepConfig, n_pairs=512, **SAMPLING)).fit(cache=cache)
     assert again["pairs_cached"] == 1.0
-    skip = Skip(teacher, SkipConfig(n_pairs=512, skip=3, **SAMPLING))  # other knobs, same pairs
+    skip = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=3, **SAMPLING))  # other knobs, same pairs
     assert skip.fit(cache=cache)["pairs_cached"] == 1.0
 
 
 def test_onestep_marginals_are_the_empirical_frequencies(fitted):
     teacher, method, cache, _ = fitted
-    pairs = generate_pairs(teacher, method.config, method.config.pairs, cache=cache)
+    pairs = generate_pairs(teacher, method.config.sampling, method.config.pairs, cache=cache)
     cond = pairs.cond[:1]
     rows = (pairs.cond == cond).all(-1)
     freq = torch.nn.functional.one_hot(pairs.tokens[rows], teacher.vocab_size).double().mean(0)  # (n, V)
@@ -85,10 +85,10 @@ def test_onestep_marginals_are_the_empirical_frequencies(fitted):
 
 def test_skip_zero_is_the_teacher_sampler(fitted):
     teacher, _, cache, _ = fitted
-    method = Skip(teacher, SkipConfig(n_pairs=512, skip=0, **SAMPLING))
+    method = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=0, **SAMPLING))
     method.fit(cache=cache)
     cond = teacher.conditions(8, torch.Generator().manual_seed(1))
-    ar = teacher.sample(cond, generator=torch.Generator().manual_seed(2), sampling=S)
+    ar = ar_token.sample_ar(teacher, cond, S, generator=torch.Generator().manual_seed(2))
     out = method.sample(cond, generator=torch.Generator().manual_seed(2))
     assert torch.equal(out.data, ar.data) and out.counters == ar.counters
 
@@ -96,10 +96,10 @@ def test_skip_zero_is_the_teacher_sampler(fitted):
 def test_skip_n_fills_the_tail_with_the_per_condition_modes(fitted):
     teacher, _, cache, _ = fitted
     N, n = teacher.seq_len, 5
-    method = Skip(teacher, SkipConfig(n_pairs=512, skip=n, **SAMPLING))
+    method = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=n, **SAMPLING))
     method.fit(cache=cache)
     cond = teacher.conditions(8, torch.Generator().manual_seed(1))
-    ar = teacher.sample(cond, generator=torch.Generator().manual_seed(2), sampling=S)
+    ar = ar_token.sample_ar(teacher, cond, S, generator=torch.Generator().manual_seed(2))
     out = method.sample(cond, generator=torch.Generator().manual_seed(2))
     assert torch.equal(out.data[:, : N - n], ar.data[:, : N - n])
     assert torch.equal(out.data[:, N - n :], method.marginals.of(cond)[:, N - n :].argmax(-1))
@@ -107,15 +107,17 @@ def test_skip_n_fills_the_tail_with_the_per_condition_modes(fitted):
 
 
 def test_knob_validation():
-    with pytest.raises(ValueError, match="skip"):
-        SkipConfig(skip=-1)
-    with pytest.raises(ValueError, match="n_pairs"):
-        OneStepConfig(n_pairs=0)
-    with pytest.raises(ValueError, match="solver"):
-        OneStepConfig(solver="rk4")
-    with pytest.raises(ValueError, match="top_k"):
-        OneStepConfig(top_k=-1)  # the SamplingConfig checks still run
     with pytest.raises(UserError, match="skip"):
-        Skip(TableAR(seq_len=4), SkipConfig(skip=4))
+        make_config(SkipConfig, skip=-1)
+    with pytest.raises(UserError, match="n_pairs"):
+        make_config(OneStepConfig, n_pairs=0)
+    with pytest.raises(UserError, match="solver"):
+        make_config(OneStepConfig, solver="rk4")
+    with pytest.raises(UserError, match="top_k"):
+        make_config(OneStepConfig, top_k=-1)  # the SamplingConfig checks still run
+    with pytest.raises(UserError, match="greedy must be false"):
+        make_config(OneStepConfig, greedy=True)
+    with pytest.raises(UserError, match="skip"):
+        Skip(TableAR(seq_len=4), make_config(SkipConfig, skip=4))
     with pytest.raises(RuntimeError, match="fit"):
         OneStep(TableAR(), OneStepConfig()).sample(torch.zeros(1, 1, dtype=torch.long), generator=None)

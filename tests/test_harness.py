@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from bench.cache import Cache
-from bench.config import build_config
+from bench.config import build_config, config_dict, knobs
 from bench.errors import UserError
 from bench.trial import Trial
 from methods.sjd import SJDConfig
-from teachers.patch_vq import PatchQuantizer
+from teachers.data.patch_vq import PatchQuantizer
 
 
 def test_trial_key_is_a_function_of_content_only():
@@ -41,13 +41,35 @@ def test_bad_trial_mappings(data, message):
 
 def test_knobs_are_coerced_from_strings_and_checked():
     cfg = build_config(SJDConfig, {"window": "8", "refine": "false", "cfg": "2.5", "init": "repeat-above"}, owner="sjd")
-    assert (cfg.window, cfg.refine, cfg.cfg, cfg.init) == (8, False, 2.5, "repeat-above")
+    assert (cfg.window, cfg.refine, cfg.sampling.cfg, cfg.init) == (8, False, 2.5, "repeat-above")
     with pytest.raises(UserError, match="'refine' must be a boolean"):
         build_config(SJDConfig, {"refine": "maybe"}, owner="sjd")
     with pytest.raises(UserError, match="temperature must be > 0"):
         build_config(SJDConfig, {"temperature": 0}, owner="sjd")
     with pytest.raises(UserError, match="'window' must be an integer"):
         build_config(SJDConfig, {"window": 2.5}, owner="sjd")
+
+
+def test_sampling_knobs_are_addressed_flat_and_may_not_be_redeclared():
+    """A method config embeds its family's SamplingConfig: `cfg` sets `sampling.cfg`, the config's dict is flat (the
+    trial's params, hence its key, as before the embedding), and a method knob named like a sampling setting is a
+    programming error, not a silent second meaning."""
+    from dataclasses import dataclass
+
+    from teachers.families.ar_token import SamplingConfig
+
+    cfg = build_config(SJDConfig, {"cfg": 2.0, "window": 4}, owner="sjd")
+    assert cfg.sampling == SamplingConfig(cfg=2.0) and cfg.window == 4
+    flat = config_dict(cfg)
+    assert flat["cfg"] == 2.0 and flat["window"] == 4 and "sampling" not in flat
+
+    @dataclass(frozen=True)
+    class Clash:
+        sampling: SamplingConfig = SamplingConfig()
+        temperature: float = 1.0
+
+    with pytest.raises(TypeError, match="knob 'temperature' is declared twice"):
+        knobs(Clash)
 
 
 def test_cache_write_is_atomic(tmp_path, monkeypatch):

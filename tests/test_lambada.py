@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from metrics.lambada import CausalHarnessLM, MDLMHarnessLM, evaluate, hf_lm, write_task
-from teachers import smollm2
-from teachers.text_data import load_documents
+from teachers import load_teacher
+from teachers.pretrained import smollm2
+from teachers.data.text import load_documents
 from tests.fakes import CharTokenizer, tiny_mdlm_teacher
 
 DOCS = ["the quick brown fox jumps over the lazy dog", "too short here", "a b c d e f g h", "one two three four five six"]
@@ -31,15 +32,15 @@ class UniformLM:
 
     tokenizer, seq_len, V = CharTokenizer(27), 64, 27
 
-    def start(self, batch):
-        return None, torch.zeros(batch, self.V)
+    def start(self, cond, *, cfg):
+        return None, torch.zeros(len(cond), self.V)
 
     def extend(self, state, tokens):
         return torch.zeros(*tokens.shape, self.V)
 
 
 def test_causal_wrapper_through_lm_eval_gives_the_exact_perplexity(task):
-    out = evaluate(CausalHarnessLM(UniformLM()), task)
+    out = evaluate(CausalHarnessLM(UniformLM(), torch.device("cpu")), task)
     letters = [len(d.split()[-1]) for d in (DOCS[0], DOCS[2], DOCS[3])]  # CharTokenizer: one token per letter
     assert out["perplexity"] == pytest.approx(math.exp(math.log(27) * sum(letters) / 3), rel=1e-6)
     assert out["acc"] == 0.0  # the argmax of a uniform row is id 0 = "a": no last word is all a's
@@ -47,7 +48,7 @@ def test_causal_wrapper_through_lm_eval_gives_the_exact_perplexity(task):
 
 def test_mdlm_wrapper_runs_single_pass_accuracy_and_the_elbo(task):
     teacher = tiny_mdlm_teacher(vocab=27, seq_len=64)
-    lm = MDLMHarnessLM(teacher.denoise, teacher.tokenizer, teacher.seq_len, teacher.mask_id)
+    lm = MDLMHarnessLM(teacher.denoise, teacher.tokenizer, teacher.seq_len, teacher.mask_id, torch.device("cpu"))
     out = evaluate(lm, task)
     assert 0 <= out["acc"] <= 1 and out["perplexity"] > 1
 
@@ -56,7 +57,7 @@ def test_mdlm_wrapper_runs_single_pass_accuracy_and_the_elbo(task):
         logits = torch.full((*z.shape, 28), -20.0).scatter(-1, x[..., None], 20.0)
         return torch.log_softmax(logits, -1)
 
-    oracle_lm = MDLMHarnessLM(oracle, teacher.tokenizer, 64, 27)
+    oracle_lm = MDLMHarnessLM(oracle, teacher.tokenizer, 64, 27, torch.device("cpu"))
     ll, greedy = oracle_lm._score(*oracle_lm._pair("one two three four five", " six"))
     assert greedy and ll > -1e-3
 
@@ -65,5 +66,6 @@ def test_smollm2_runs_the_same_task_through_lm_eval_hf_backend(tmp_path, cache):
     if smollm2.unavailable():
         pytest.skip(smollm2.unavailable())
     task = write_task(load_documents("wordnet")[:2000:20], tmp_path, n=40)
-    out = evaluate(hf_lm(*smollm2.load_smollm2(cache, torch.device("cpu"))), task)
+    lm = load_teacher("smollm2-135m-instruct", cache=cache, device=torch.device("cpu"))
+    out = evaluate(hf_lm(lm.network, lm.tokenizer), task)
     assert 0 < out["acc"] <= 1 and 1 < out["perplexity"] < 1e4

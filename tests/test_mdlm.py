@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from teachers import masked_diffusion as md
+from teachers.families import masked_diffusion as md
 from tests.fakes import tiny_mdlm_teacher
 
 V, L = 8, 8
@@ -61,8 +61,8 @@ def test_sampler_unmasks_everything_and_tokens_never_come_back(steps, monkeypatc
         return out
 
     monkeypatch.setattr(md, "reverse_step", spy)
-    out = teacher.sample(torch.zeros(32, 0, dtype=torch.long), generator=torch.Generator().manual_seed(0),
-                         sampling=md.SamplingConfig(steps=steps))
+    out = md.sample_teacher(teacher, torch.zeros(32, 0, dtype=torch.long), md.SamplingConfig(steps=steps),
+                            generator=torch.Generator().manual_seed(0))
     assert len(history) == steps
     for before, after in history:
         kept = before != MASK
@@ -74,8 +74,8 @@ def test_sampler_unmasks_everything_and_tokens_never_come_back(steps, monkeypatc
 def test_caching_gives_the_same_samples_with_fewer_passes():
     teacher = tiny_mdlm_teacher()
     cond = torch.zeros(8, 0, dtype=torch.long)
-    runs = {c: teacher.sample(cond, generator=torch.Generator().manual_seed(1),
-                              sampling=md.SamplingConfig(steps=64, cache=c)) for c in (False, True)}
+    runs = {c: md.sample_teacher(teacher, cond, md.SamplingConfig(steps=64, cache=c),
+                                 generator=torch.Generator().manual_seed(1)) for c in (False, True)}
     assert torch.equal(runs[False].data, runs[True].data)
     assert runs[True].counters["nfe"] < runs[False].counters["nfe"]  # 64 steps for 8 tokens: most change nothing
 
@@ -106,8 +106,8 @@ def test_one_step_samples_the_product_of_marginals_exactly():
 
 def test_nelbo_is_lower_for_a_trained_teacher():
     chunks = tiny_mdlm_teacher().training_chunks(None)[:256]
-    from teachers.text_mdlm import TextMDLMTeacher
+    from teachers.tiny.text_mdlm import TextMDLMTeacher
 
-    untrained = TextMDLMTeacher.nelbo_per_token(tiny_mdlm_teacher().model, chunks, MASK, seed=0)
-    trained = TextMDLMTeacher.nelbo_per_token(tiny_mdlm_teacher(train_steps=200).model, chunks, MASK, seed=0)
+    untrained = TextMDLMTeacher.nelbo_per_token(tiny_mdlm_teacher().network, chunks, MASK, seed=0)
+    trained = TextMDLMTeacher.nelbo_per_token(tiny_mdlm_teacher(train_steps=200).network, chunks, MASK, seed=0)
     assert trained < untrained - 0.3

@@ -13,7 +13,7 @@ from bench.errors import UserError
 from metrics import clip_models
 from metrics.clip_models import CLIPRecipe, eval_transform, load_small_clip
 from metrics.clip_score import CHECKPOINT_ENV, CLIPScore
-from teachers.datasets import caption_table, load_image_dataset
+from teachers.data.images import caption_table, load_image_dataset
 from tests.test_datasets import needs_real
 
 CPU = torch.device("cpu")

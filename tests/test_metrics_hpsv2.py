@@ -9,7 +9,7 @@ from bench.cache import Cache
 from bench.errors import UserError
 from metrics.clip_models import eval_transform
 from metrics.hpsv2 import CHECKPOINT_ENV, HPSv2
-from teachers.datasets import load_image_dataset
+from teachers.data.images import load_image_dataset
 from tests.test_metrics_clip import TEACHER, TINY_ARCH, register_tiny_arch, tiny_state_dict
 
 CPU = torch.device("cpu")

@@ -16,8 +16,9 @@ from metrics.gen_ppl import GenPPL
 from metrics.mauve_text import MAUVE
 from metrics.self_bleu import SelfBLEU
 from metrics.text_entropy import TokenEntropy
-from teachers import smollm2
-from teachers.text_data import load_documents
+from teachers import load_teacher
+from teachers.pretrained import smollm2
+from teachers.data.text import load_documents
 from tests.fakes import CharTokenizer
 
 CPU = torch.device("cpu")
@@ -72,7 +73,8 @@ def test_mauve_of_a_distribution_with_itself_and_with_unrelated_text(cache):
 def smol(cache):
     if smollm2.unavailable():
         pytest.skip(smollm2.unavailable())
-    return smollm2.load_smollm2(cache, CPU)
+    lm = load_teacher("smollm2-135m-instruct", cache=cache, device=CPU)
+    return lm.network, lm.tokenizer
 
 
 def test_gen_ppl_matches_transformers_loss_per_sentence_and_ignores_padding(cache, smol):
@@ -109,7 +111,7 @@ def test_gen_ppl_with_the_tiny_evaluator_is_exact(cache, monkeypatch):
             return "fake-lm-v1"
 
         @classmethod
-        def load(cls, name, *, cache, device, on_trained=None):
+        def load(cls, name, *, cache, device):
             return cls()
 
         def token_nll(self, ids):
@@ -127,7 +129,7 @@ def test_missing_weights_and_unknown_choices_are_clear(monkeypatch, tmp_path):
     reason = GenPPL.check(None)
     assert reason.startswith("gen_ppl: no SmolLM2 weights") and "nope.gguf" in reason and smollm2.GGUF_ENV in reason
     with pytest.raises(UserError, match=smollm2.GGUF_ENV):
-        smollm2.load_smollm2(SimpleNamespace(root=tmp_path), CPU)
+        smollm2.SmolLM2Instruct.load("smollm2-135m-instruct", cache=SimpleNamespace(root=tmp_path), device=CPU)
     with pytest.raises(UserError, match="unknown evaluator 'gpt9'; valid: smollm2, tiny"):
         GenPPL.check("gpt9")
     with pytest.raises(UserError, match="unknown featuriser 'bert'; valid: minilm-l6, smollm2"):

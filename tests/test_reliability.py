@@ -26,7 +26,7 @@ from bench.errors import UserError
 from bench.registry import METHODS
 from bench.suite import load_suite
 from bench.trial import Trial
-from methods.ar import AR
+from methods.own import AR
 from sweeps.spec import load_spec
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from bench.cache import Cache
+from bench.errors import UserError
 from methods.sdtt import SDTT, SDTTConfig, divergence, teacher_targets
-from teachers import masked_diffusion as md
-from tests.fakes import tiny_mdlm_teacher
+from teachers.families import masked_diffusion as md
+from tests.fakes import make_config, tiny_mdlm_teacher
 
 P = torch.tensor([[0.5, 0.5, 0.0], [0.9, 0.1, 0.0]])  # student, 2 tokens over {a, b, MASK}
 Q = torch.tensor([[0.25, 0.75, 0.0], [0.5, 0.5, 0.0]])  # target
@@ -60,7 +61,7 @@ def _objective(student_denoise, teacher, cfg, seed=123, draws=8):
     x = teacher.training_chunks(None)[:512].repeat(draws, 1)
     t = md.antithetic_times(len(x), g)
     z = md.corrupt(x, t, teacher.mask_id, g)
-    target = teacher_targets(teacher.denoise, z, t, 1 / cfg.steps, 2, teacher.mask_id, g)
+    target = teacher_targets(teacher.denoise, z, t, 1 / cfg.sampling.steps, 2, teacher.mask_id, g)
     masked = z == teacher.mask_id
     return divergence(student_denoise(z)[masked], target[masked], cfg.divergence).item()
 
@@ -74,8 +75,8 @@ def trained_teacher():
 # (§6.2), log-space MSE moves the student visibly within a short round; the KL's reducible part is small.
 @pytest.mark.parametrize("kind, factor", [("mse", 0.9), ("kld", 1.0)])
 def test_a_round_brings_the_students_step_closer_to_two_teacher_steps(kind, factor, trained_teacher, tmp_path):
-    cfg = SDTTConfig(steps=4, rounds=1, divergence=kind, iters_per_round=300, batch=64, lr=5e-4, warmup=10, ema=0.0,
-                     ar_arm=False)
+    cfg = make_config(SDTTConfig, steps=4, rounds=1, divergence=kind, iters_per_round=300, batch=64, lr=5e-4,
+                      warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
     method.fit(cache=Cache(tmp_path))
@@ -89,8 +90,8 @@ def test_a_wrong_sign_divergence_moves_the_student_away(trained_teacher, tmp_pat
 
     real = sdtt.divergence
     monkeypatch.setattr(sdtt, "divergence", lambda s, t, kind: -real(s, t, kind))
-    cfg = SDTTConfig(steps=4, rounds=1, divergence="mse", iters_per_round=100, batch=64, lr=5e-4, warmup=10, ema=0.0,
-                     ar_arm=False)
+    cfg = make_config(SDTTConfig, steps=4, rounds=1, divergence="mse", iters_per_round=100, batch=64, lr=5e-4,
+                      warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
     method.fit(cache=Cache(tmp_path))
@@ -103,17 +104,17 @@ def test_rounds_are_cached_and_a_longer_run_reuses_them(tmp_path):
     cache = Cache(tmp_path)
     type(teacher).key = classmethod(lambda cls: "tiny-mdlm-key")
     fast = dict(steps=8, iters_per_round=3, batch=8, ar_arm=False)
-    one = SDTT(teacher, SDTTConfig(rounds=1, **fast))
+    one = SDTT(teacher, make_config(SDTTConfig, rounds=1, **fast))
     assert one.fit(cache=cache)["round1_cached"] == 0.0
-    two = SDTT(teacher, SDTTConfig(rounds=2, **fast)).fit(cache=cache)
+    two = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast)).fit(cache=cache)
     assert two["round1_cached"] == 1.0 and two["round2_cached"] == 0.0
     assert two["round2_teacher_steps"] == 4.0
-    out = SDTT(teacher, SDTTConfig(rounds=2, **fast))
+    out = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast))
     out.fit(cache=cache)
     s = out.sample(torch.zeros(4, 0, dtype=torch.long), generator=torch.Generator().manual_seed(0))
     assert s.counters["nfe"] in (4 * 2, 4 * 3)  # 8 / 2^2 steps (+ noise removal)
 
 
 def test_config_checks_divisibility():
-    with pytest.raises(ValueError, match="divisible"):
-        SDTTConfig(steps=12, rounds=3)
+    with pytest.raises(UserError, match="divisible"):
+        make_config(SDTTConfig, steps=12, rounds=3)

@@ -1,4 +1,6 @@
-"""SJD / Jacobi correctness (SJD, arXiv:2410.01699): exactness against an enumerable model, equivalences, KV rollback."""
+"""SJD / Jacobi correctness (SJD, arXiv:2410.01699): exactness against enumerable models, on image tokens and on
+text (our GPT's KV cache and a Hugging Face Llama's `DynamicCache`, both rolled back), equivalences, KV rollback."""
+import itertools
 import math
 from collections import Counter
 
@@ -7,48 +9,60 @@ import torch
 from scipy.stats import chisquare
 
 import methods.sjd as sjd
+from bench.config import build_config
+from methods.jacobi import JacobiConfig
 from methods.sjd import SJDConfig, exact_match_rule, jacobi_decode, speculative_rule
-from teachers import discrete_ar
-from tests.fakes import TableAR, tiny_gpt_teacher
+from teachers.families import ar_token
+from tests.fakes import TableAR, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_text_gpt_teacher
 
 ALPHA = 1e-3  # significance of every chi-square test below
 N_DRAWS = 4000
 COND = torch.zeros(1, 1, dtype=torch.long)
 
 
-def chi_square_p(teacher, config, rule, n=N_DRAWS, seed=0, greedy=False):
-    exact = teacher.exact_distribution(config)
-    g = torch.Generator().manual_seed(seed)
-    counts = Counter(tuple(jacobi_decode(teacher, COND, config, g, rule, greedy)[0].tolist()) for _ in range(n))
-    impossible = [k for k, v in exact.items() if v == 0.0]  # cut by top-k: must never be sampled
-    assert sum(counts[k] for k in impossible) == 0
+def sjd_config(**knobs) -> SJDConfig:
+    return build_config(SJDConfig, knobs, owner="sjd")
+
+
+def chi_square_p(exact: dict, draw_one, n=N_DRAWS) -> float:
+    """p-value of n draws of `draw_one()` (a token tuple) against the exact law `exact` (tuple -> probability); 0
+    when a sequence of probability 0 (cut by top-k or top-p) was drawn."""
+    counts = Counter(draw_one() for _ in range(n))
+    if any(counts[k] for k, v in exact.items() if v == 0.0):
+        return 0.0
     keys = sorted(k for k, v in exact.items() if v > 0)
     z = sum(exact.values())
-    expected = [exact[k] / z * n for k in keys]
-    return chisquare([counts[k] for k in keys], expected).pvalue
+    return chisquare([counts[k] for k in keys], [exact[k] / z * n for k in keys]).pvalue
 
 
-@pytest.mark.parametrize("config", [
-    SJDConfig(window=3, init="random"),
-    SJDConfig(window=4, init="repeat-left"),
-    SJDConfig(window=2, init="sample-above"),
-    SJDConfig(window=3, init="repeat-above", top_k=2, temperature=0.8, cfg=2.0),
-    SJDConfig(window=4, init="sample-left", refine=False),
+def table_p(config, rule, teacher=None, seed=0):
+    teacher = teacher or TableAR(vocab=3, seq_len=4)
+    g = torch.Generator().manual_seed(seed)
+    return chi_square_p(teacher.exact_distribution(config.sampling),
+                        lambda: tuple(jacobi_decode(teacher, COND, config, g, rule)[0].tolist()))
+
+
+@pytest.mark.parametrize("knobs", [
+    {"window": 3, "init": "random"},
+    {"window": 4, "init": "repeat-left"},
+    {"window": 2, "init": "sample-above"},
+    {"window": 3, "init": "repeat-above", "top_k": 2, "temperature": 0.8, "cfg": 2.0},
+    {"window": 4, "init": "sample-left", "refine": False},
+    {"window": 3, "init": "repeat-left", "top_p": 0.7},
 ])
-def test_sjd_matches_the_exact_distribution(config):
-    assert chi_square_p(TableAR(vocab=3, seq_len=4), config, speculative_rule) > ALPHA
+def test_sjd_matches_the_exact_distribution(knobs):
+    assert table_p(sjd_config(**knobs), speculative_rule) > ALPHA
 
 
 def test_sampling_jacobi_matches_the_exact_distribution():
-    assert chi_square_p(TableAR(vocab=3, seq_len=4), SJDConfig(window=3), exact_match_rule) > ALPHA
+    assert table_p(sjd_config(window=3), exact_match_rule) > ALPHA
 
 
 def test_resampling_from_p_instead_of_the_residual_is_detected(monkeypatch):
     # With uniform random drafts, resampling from p happens to be exact too (the draft is independent of p);
     # drafts that depend on the context (repeat-left) expose the bug.
     monkeypatch.setattr(sjd, "residual", lambda p, q: p)
-    config = SJDConfig(window=3, init="repeat-left")
-    assert chi_square_p(TableAR(vocab=3, seq_len=4), config, speculative_rule) < ALPHA
+    assert table_p(sjd_config(window=3, init="repeat-left"), speculative_rule) < ALPHA
 
 
 def test_acceptance_probability_and_residual_reconstruct_p():
@@ -63,11 +77,11 @@ def test_acceptance_probability_and_residual_reconstruct_p():
 
 def test_window_one_is_autoregressive_decoding():
     for teacher in (TableAR(vocab=5, seq_len=6), tiny_gpt_teacher()):
-        s = discrete_ar.SamplingConfig(top_k=3, cfg=1.5)
+        s = ar_token.SamplingConfig(top_k=3, cfg=1.5)
         cond = torch.full((1, teacher.cond_table.shape[-1] if hasattr(teacher, "cond_table") else 1), 3)
-        ar = discrete_ar.sample_ar(teacher, cond, s, generator=torch.Generator().manual_seed(7))
-        tokens, counts = jacobi_decode(teacher, cond, SJDConfig(window=1, top_k=3, cfg=1.5),
-                                       torch.Generator().manual_seed(7), speculative_rule)
+        ar = ar_token.sample_ar(teacher, cond, s, generator=torch.Generator().manual_seed(7))
+        tokens, counts = jacobi_decode(teacher, cond, SJDConfig(s, window=1), torch.Generator().manual_seed(7),
+                                       speculative_rule)
         assert tokens.tolist() == ar.data[0].tolist()
         assert counts["nfe"] == teacher.seq_len
 
@@ -75,13 +89,23 @@ def test_window_one_is_autoregressive_decoding():
 def test_greedy_jacobi_is_greedy_ar_token_for_token():
     teacher = tiny_gpt_teacher()
     cond = torch.full((1, 2), 4)
-    s = discrete_ar.SamplingConfig(cfg=2.0)
-    greedy = discrete_ar.sample_ar(teacher, cond, s, generator=None, greedy=True).data[0]
+    s = ar_token.SamplingConfig(cfg=2.0, greedy=True)
+    greedy = ar_token.sample_ar(teacher, cond, s, generator=None).data[0]
     for window in (2, 5, 12):
-        tokens, counts = jacobi_decode(teacher, cond, SJDConfig(window=window, cfg=2.0),
-                                       torch.Generator().manual_seed(0), exact_match_rule, greedy=True)
+        tokens, counts = jacobi_decode(teacher, cond, JacobiConfig(s, window=window),
+                                       torch.Generator().manual_seed(0), exact_match_rule)
         assert tokens.tolist() == greedy.tolist()
         assert counts["nfe"] <= teacher.seq_len
+
+
+def test_sjd_refuses_greedy_and_one_dimensional_above_init():
+    from bench.errors import UserError
+    from methods.sjd import SJD
+
+    with pytest.raises(UserError, match="greedy must be false"):
+        sjd_config(greedy=True)
+    with pytest.raises(UserError, match="1-D grid"):
+        SJD(tiny_text_gpt_teacher(), sjd_config(init="repeat-above"))
 
 
 @pytest.mark.parametrize("window", [2, 4, 8])
@@ -89,14 +113,14 @@ def test_steps_are_bounded_by_the_window(window):
     teacher = TableAR(vocab=4, seq_len=9, grid=(3, 3))
     g = torch.Generator().manual_seed(3)
     for _ in range(50):
-        _, counts = jacobi_decode(teacher, COND, SJDConfig(window=window), g, speculative_rule)
+        _, counts = jacobi_decode(teacher, COND, sjd_config(window=window), g, speculative_rule)
         assert 1 + math.ceil((teacher.seq_len - 1) / window) <= counts["nfe"] <= teacher.seq_len
         assert counts["drafts_accepted"] <= counts["drafts_verified"]
 
 
 def test_kv_cache_rollback_equals_full_recompute():
     teacher = tiny_gpt_teacher()
-    model, cfg_scale = teacher.model, 2.5
+    model, cfg_scale = teacher.network, 2.5
     cond = torch.tensor([[5, 5]])
     g = torch.Generator().manual_seed(0)
     state, _ = teacher.start(cond, cfg=cfg_scale)
@@ -121,28 +145,68 @@ def test_kv_cache_rollback_equals_full_recompute():
 def test_fixed_seed_is_deterministic():
     teacher = tiny_gpt_teacher()
     cond = torch.full((1, 2), 6)
-    runs = [jacobi_decode(teacher, cond, SJDConfig(window=5, init="sample-left"), torch.Generator().manual_seed(11),
+    runs = [jacobi_decode(teacher, cond, sjd_config(window=5, init="sample-left"), torch.Generator().manual_seed(11),
                           speculative_rule) for _ in range(2)]
     assert runs[0][0].tolist() == runs[1][0].tolist()
     assert runs[0][1] == runs[1][1]
 
 
-def test_sjd_through_the_transformer_kv_cache_matches_its_exact_distribution():
-    """The same chi-square test through the real model path: KV cache, rollback and both CFG branches."""
-    import itertools
+def exact_law(teacher, cond: torch.Tensor, s: ar_token.SamplingConfig) -> dict[tuple, float]:
+    """The probability of every sequence under the teacher, computed in one teacher-forced pass per sequence batch
+    (`start` + a single `extend` of the whole sequence: no window, no rollback)."""
+    seqs = torch.tensor(list(itertools.product(range(teacher.vocab_size), repeat=teacher.seq_len)))  # (M, N)
+    state, first = teacher.start(cond.expand(len(seqs), -1), cfg=s.cfg)
+    logits = torch.cat([first[:, None], teacher.extend(state, seqs[:, :-1])], 1)  # (M, N, V)
+    probs = ar_token.process(logits, s).gather(2, seqs[..., None]).squeeze(2).double().prod(1)
+    return {tuple(q.tolist()): p for q, p in zip(seqs, probs.tolist())}
 
+
+def model_p(teacher, cond, config, rule=speculative_rule, seed=0) -> float:
+    g = torch.Generator().manual_seed(seed)
+    return chi_square_p(exact_law(teacher, cond, config.sampling),
+                        lambda: tuple(jacobi_decode(teacher, cond, config, g, rule)[0].tolist()))
+
+
+def test_sjd_through_the_transformer_kv_cache_matches_its_exact_distribution():
+    """The chi-square test through the real image-model path: KV cache, rollback and both CFG branches."""
     teacher = tiny_gpt_teacher(vocab=4, grid=(2, 2))
-    config = SJDConfig(window=3, init="repeat-left", cfg=1.5, temperature=1.2)
-    cond = torch.tensor([[7, 7]])
-    seqs = torch.tensor(list(itertools.product(range(4), repeat=4)))  # all 256 sequences
-    with torch.no_grad():
-        c = teacher.model(cond.expand(len(seqs), -1), seqs)
-        u = teacher.model(torch.zeros_like(cond).expand(len(seqs), -1), seqs)
-    probs = discrete_ar.process(u + config.cfg * (c - u), config)  # (256, 4, V)
-    exact = probs.gather(2, seqs[..., None]).squeeze(2).double().prod(1)
+    assert model_p(teacher, torch.tensor([[7, 7]]), sjd_config(window=3, init="repeat-left", cfg=1.5,
+                                                               temperature=1.2)) > ALPHA
+
+
+TEXT_TEACHERS = {"gpt-bos": lambda: tiny_text_gpt_teacher(vocab=4, seq_len=4),  # our GPT, BOS, empty condition
+                 "hf-llama": lambda: tiny_hf_lm_teacher(vocab=4, new_tokens=4)}  # transformers' DynamicCache
+
+
+@pytest.mark.parametrize("name", TEXT_TEACHERS)
+def test_sjd_on_text_teachers_matches_the_exact_distribution(name):
+    teacher = TEXT_TEACHERS[name]()
+    cond = teacher.conditions(1, torch.Generator().manual_seed(0))  # (1, 0) for the LM, a prompt for the Llama
+    assert model_p(teacher, cond, sjd_config(window=3, init="repeat-left", top_p=0.9)) > ALPHA
+
+
+def test_a_text_teacher_whose_rollback_keeps_stale_positions_is_detected():
+    """The broken variant on the text path: after a rejection the cache keeps the rejected window, so later tokens
+    are predicted from a wrong prefix; the same test must fail."""
+    teacher = tiny_hf_lm_teacher(vocab=4, new_tokens=4)
+    teacher.rollback = lambda state, length: None
+    cond = teacher.conditions(1, torch.Generator().manual_seed(0))
+    assert model_p(teacher, cond, sjd_config(window=3, init="repeat-left", top_p=0.9)) < ALPHA
+
+
+def test_hf_cache_rollback_equals_full_recompute():
+    teacher = tiny_hf_lm_teacher(vocab=5, new_tokens=10, prompt_len=3)
+    cond = teacher.conditions(1, torch.Generator().manual_seed(1))
     g = torch.Generator().manual_seed(0)
-    counts = Counter(tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0].tolist())
-                     for _ in range(N_DRAWS))
-    observed = [counts[tuple(s.tolist())] for s in seqs]
-    expected = (exact / exact.sum() * N_DRAWS).tolist()
-    assert chisquare(observed, expected).pvalue > ALPHA
+    state, _ = teacher.start(cond, cfg=1.0)
+    committed = []
+    while len(committed) < teacher.seq_len - 1:
+        window = min(torch.randint(1, 5, (1,), generator=g).item(), teacher.seq_len - len(committed))
+        tokens = torch.randint(teacher.vocab_size, (1, window), generator=g)
+        cached = teacher.extend(state, tokens)[0]  # (L, V)
+        with torch.no_grad():
+            full = teacher.network(input_ids=torch.cat([cond, torch.tensor([committed], dtype=torch.long), tokens], 1)).logits[0]
+        torch.testing.assert_close(cached, full[-window:].float(), atol=1e-4, rtol=1e-4)
+        committed += tokens[0, : torch.randint(1, window + 1, (1,), generator=g).item()].tolist()
+        teacher.rollback(state, len(committed))
+        assert state.length == len(committed)

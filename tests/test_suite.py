@@ -62,6 +62,6 @@ def test_every_shipped_suite_and_study_spec_validates():
     specs = sorted((root / "sweeps" / "specs").glob("*.yaml"))
     assert {p.stem for p in suites} >= {"default", "dd"} and {p.stem for p in specs} >= {"sjd-window", "dd-timesteps"}
     for path in suites:
-        assert load_suite(str(path)).trials, path
+        assert load_suite(str(path)).plans, path
     for path in specs:
         assert load_spec(str(path)).objectives, path

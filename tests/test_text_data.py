@@ -1,4 +1,4 @@
-"""Text corpora, the by-document split, the BPE tokenizer and packing (teachers.text_data)."""
+"""Text corpora, the by-document split, the BPE tokenizer and packing (teachers.data.text)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from bench.cache import Cache
 from bench.errors import UserError
-from teachers.text_data import (FORTUNES_DIR, TextDataRecipe, TextTokenizer, load_documents, load_text_data, pack,
+from teachers.data.text import (FORTUNES_DIR, TextDataRecipe, TextTokenizer, load_documents, load_text_data, pack,
                                 split_documents, train_tokenizer)
 
 

@@ -8,7 +8,7 @@ from bench.cache import Cache
 from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.token_flow import FlowConfig, flow_map, velocity
-from teachers import discrete_ar
+from teachers.families import ar_token
 
 V, C, N_NOISE = 32, 8, 20_000
 SOLVER_SLACK = 0.015  # measured TV above an i.i.d. sample: <= 0.008 for dpm++2m-10, <= 0.003 for the others
@@ -56,7 +56,7 @@ def test_flow_map_is_deterministic_and_row_wise(target):
 
 def test_top_k_truncated_target(target):
     codebook, p, noise = target
-    probs = discrete_ar.process(p.log().float(), discrete_ar.SamplingConfig(top_k=5))  # 27 codes at p = 0
+    probs = ar_token.process(p.log().float(), ar_token.SamplingConfig(top_k=5))  # 27 codes at p = 0
     ids = flow_map(noise, probs.expand(N_NOISE, V), codebook, FlowConfig())
     assert probs[ids].min() > 0
     assert tv(ids, probs.double()) <= iid_tv(probs.double(), N_NOISE) + SOLVER_SLACK
@@ -73,14 +73,14 @@ def test_velocity_is_the_marginal_field_and_stays_finite_near_t1(target):
         score, = torch.autograd.grad(log_pt, x)
         x1_hat = (x + (1 - t) ** 2 * score) / t
         torch.testing.assert_close(velocity(x.detach(), t, p.expand(64, V), cb), (x1_hat - x).detach() / (1 - t))
-    probs = discrete_ar.process(p.log().float(), discrete_ar.SamplingConfig(top_k=3)).expand(64, V)
+    probs = ar_token.process(p.log().float(), ar_token.SamplingConfig(top_k=3)).expand(64, V)
     assert torch.isfinite(velocity(noise[:64], 1 - 1e-7, probs, codebook)).all()
 
 
 class TwoTokenToy:
     """The paper's toy (Sec. 3.1) through the family protocol: x1 uniform on {0, 1}, then x2 = x1."""
 
-    family = discrete_ar.FAMILY
+    family = ar_token.FAMILY
     seq_len, vocab_size, grid = 2, 2, (1, 2)
     codebook = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
 
@@ -99,7 +99,7 @@ class TwoTokenToy:
 
 
 def test_two_token_toy_pairs_are_valid_and_onestep_star_is_not(tmp_path):
-    toy, s = TwoTokenToy(), discrete_ar.SamplingConfig()
+    toy, s = TwoTokenToy(), ar_token.SamplingConfig()
     pairs = generate_pairs(toy, s, PairConfig(n_pairs=2000, batch=500), cache=Cache(tmp_path))
     assert pairs.tokens.shape == (2000, 2) and pairs.noise.shape == (2000, 2, 4)
     assert (pairs.tokens[:, 0] == pairs.tokens[:, 1]).all()  # 100 % valid

@@ -1,13 +1,14 @@
-"""What every registered tiny teacher shares: it is trained from a frozen recipe on first use and cached under the
-recipe's hash, and its first training is logged (as an MLflow run, by the runner's `on_trained`)."""
+"""What every tiny embedded teacher shares: it is trained from a frozen recipe on first use and cached under the
+recipe's hash, and its first training is reported (`bench.training.report_training`: an MLflow run of the trial's
+tracker)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar
-
-import torch
+from typing import Any, ClassVar
 
 from bench.cache import Cache, config_key
+from bench.rng import seeded
+from bench.training import report_training
 
 
 class RecipeTeacher:
@@ -26,14 +27,13 @@ class RecipeTeacher:
 
     @classmethod
     def _train(cls, name: str, cache: Cache) -> dict:
-        with torch.random.fork_rng():  # parameter init and dropout draw from the global generator; leave it as it was
-            torch.manual_seed(cls.recipe.seed)
+        with seeded(cls.recipe.seed):  # parameter init and dropout draw from the global generator
             return cls._fit(name, cache)
 
     @classmethod
-    def cached_blob(cls, name: str, cache: Cache, on_trained: Callable | None) -> dict:
-        """The trained blob of this recipe: from the cache, or trained now (and reported to `on_trained`)."""
+    def cached_blob(cls, name: str, cache: Cache) -> dict:
+        """The trained blob of this recipe: from the cache, or trained now (and reported)."""
         blob, cached = cache.get_or_build("teachers", cls.key(), lambda: cls._train(name, cache))
-        if not cached and on_trained is not None:
-            on_trained(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
+        if not cached:
+            report_training(name, cls.key(), dataclasses.asdict(cls.recipe), blob["info"])
         return blob

@@ -10,20 +10,17 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache
-from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
-from teachers import ode_diffusion
-from teachers.recipes import RecipeTeacher
-from teachers.datasets import caption_table, load_image_dataset
-from teachers.dit import DiT, DiTConfig
-
-
+from teachers.data.images import caption_table, load_image_dataset
+from teachers.families import ode_diffusion
+from teachers.networks.dit import DiT, DiTConfig
+from teachers.tiny.recipes import RecipeTeacher
 
 @dataclass(frozen=True)
 class ImageDiTRecipe:
@@ -42,19 +39,19 @@ class ImageDiTRecipe:
 
 
 class ImageDiTTeacher(RecipeTeacher):
-    family: ClassVar[str] = ode_diffusion.FAMILY
+    family: ClassVar = ode_diffusion.FAMILY
+    modality: ClassVar[str] = "image"
     recipe: ClassVar[ImageDiTRecipe]
-    reference_method: ClassVar[str] = "ddim"
 
-    def __init__(self, name: str, model: DiT, info: dict):
-        self.name, self.model, self.info = name, model.eval().requires_grad_(False), info
-        c = model.cfg
+    def __init__(self, name: str, network: DiT, info: dict):
+        self.name, self.network, self.info = name, network.eval().requires_grad_(False), info
+        c = network.cfg
         self.image_shape = (c.channels, c.image_size, c.image_size)
         self.n_classes, self.dataset_name, self.image_size = c.n_classes, self.recipe.dataset, c.image_size
 
     @classmethod
-    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
-        blob = cls.cached_blob(name, cache, on_trained)
+    def load(cls, name: str, *, cache: Cache, device: torch.device):
+        blob = cls.cached_blob(name, cache)
         model = DiT(DiTConfig(**blob["dit"]))
         model.load_state_dict(blob["state_dict"])
         return cls(name, model.to(device), blob["info"])
@@ -93,15 +90,15 @@ class ImageDiTTeacher(RecipeTeacher):
 
     # ---- the ODEDiffusionTeacher protocol -------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n uniformly drawn class ids, (n, 1)."""
-        return torch.randint(self.n_classes, (n, 1), generator=generator)
+        """n uniformly drawn class ids, (n, 1), on the generator's device."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device)
 
     @torch.inference_mode()
     def eps(self, x, t, cond, *, cfg):
         y = cond[:, 0]
         if cfg == 1.0:
-            return self.model(x, t, y)
-        e = self.model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.n_classes)]))
+            return self.network(x, t, y)
+        e = self.network(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, self.n_classes)]))
         e_c, e_u = e.chunk(2)
         return e_u + cfg * (e_c - e_u)
 
@@ -111,6 +108,3 @@ class ImageDiTTeacher(RecipeTeacher):
     def captions(self, cond: torch.Tensor) -> list[str]:
         table = caption_table(self.dataset_name)
         return [table[c][0] for c in cond[:, 0].tolist()]
-
-    def sample(self, cond, *, generator, sampling: ode_diffusion.SamplingConfig) -> Samples:
-        return ode_diffusion.sample_ddim(self, cond, sampling, generator=generator)

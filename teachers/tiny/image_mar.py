@@ -2,8 +2,8 @@
 
 Tokens are raw image patches scaled to [-1, 1] (MAR also runs on patches; no autoencoder keeps everything
 deterministic), in raster order. A target and a smaller draft are trained on the same data with the same recipe:
-a causal transformer (`teachers.gpt`) gives the condition vector z of every position, MAR's diffusion head
-(`teachers.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both models are
+a causal transformer (`teachers.networks.gpt`) gives the condition vector z of every position, MAR's diffusion head
+(`teachers.networks.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both models are
 trained and cached together on first use.
 """
 from __future__ import annotations
@@ -11,20 +11,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from bench.cache import Cache
-from bench.samples import Samples
 from bench.training import optimizer_step, training_steps, warmup_cosine
-from teachers import continuous_ar
-from teachers.recipes import RecipeTeacher
-from teachers.datasets import caption_table, load_image_dataset
-from teachers.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
-from teachers.gpt import GPT, GPTConfig, RaggedKVCache
+from teachers.data.images import caption_table, load_image_dataset
+from teachers.families import continuous_ar
+from teachers.networks.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
+from teachers.networks.gpt import GPT, GPTConfig, GuidedState
+from teachers.tiny.recipes import RecipeTeacher
 
 NULL = 0  # the unconditional class id; class c is c + 1
 
@@ -53,18 +52,6 @@ class ImageMARRecipe:
     seed: int = 0
 
 
-@dataclass
-class MARState:
-    cache: RaggedKVCache
-    cfg: float
-    batch: int
-    cond_len: int
-
-    @property
-    def length(self) -> torch.Tensor:
-        return self.cache.length[: self.batch] - self.cond_len
-
-
 class DiffusionAR(nn.Module):
     """Transformer + diffusion head; implements `continuous_ar.ContinuousARModel`."""
 
@@ -83,17 +70,12 @@ class DiffusionAR(nn.Module):
 
     @torch.inference_mode()
     def start(self, cond, *, cfg):
-        B, P = cond.shape
-        if cfg != 1.0:
-            cond = torch.cat([cond, torch.full_like(cond, NULL)])  # second half: the unconditional branch
-        state = MARState(self.gpt.new_cache(len(cond), ragged=True), cfg, B, P)
-        return state, self._branches(state, self.gpt.prefill(cond, state.cache))
+        state, z = self.gpt.start(cond, cfg=cfg, null_id=NULL, ragged=True)
+        return state, self._branches(state, z)
 
     @torch.inference_mode()
-    def extend(self, state, tokens):
-        if state.cfg != 1.0:
-            tokens = torch.cat([tokens, tokens])  # both CFG branches see the same image tokens
-        return self._branches(state, self.gpt.extend(tokens, state.cache))
+    def extend(self, state: GuidedState, tokens):
+        return self._branches(state, self.gpt.extend_guided(state, tokens))
 
     def rollback(self, state, lengths):
         lengths = state.cond_len + lengths
@@ -114,9 +96,9 @@ class DiffusionAR(nn.Module):
 
 
 class ImageMARTeacher(RecipeTeacher):
-    family: ClassVar[str] = continuous_ar.FAMILY
+    family: ClassVar = continuous_ar.FAMILY
+    modality: ClassVar[str] = "image"
     recipe: ClassVar[ImageMARRecipe]
-    reference_method: ClassVar[str] = "ar"
 
     def __init__(self, name: str, target: DiffusionAR, draft: DiffusionAR, info: dict):
         self.name, self.info = name, info
@@ -129,8 +111,8 @@ class ImageMARTeacher(RecipeTeacher):
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
-        blob = cls.cached_blob(name, cache, on_trained)
+    def load(cls, name: str, *, cache: Cache, device: torch.device):
+        blob = cls.cached_blob(name, cache)
         models = {}
         for which in ("target", "draft"):
             m = DiffusionAR(GPTConfig(**blob[which]["gpt"]), HeadConfig(**blob[which]["head"]))
@@ -195,13 +177,10 @@ class ImageMARTeacher(RecipeTeacher):
 
     # ---- the ContinuousARTeacher protocol -------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n uniformly drawn classes as condition ids (n, 1)."""
-        return torch.randint(self.n_classes, (n, 1), generator=generator) + 1
+        """n uniformly drawn classes as condition ids (n, 1), on the generator's device."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device) + 1
 
     def captions(self, cond: torch.Tensor) -> list[str]:
         """A class condition reads as the class's first caption template (text-image metrics need the prompt)."""
         table = caption_table(self.dataset_name)
         return [table[c - 1][0] for c in cond[:, 0].tolist()]
-
-    def sample(self, cond, *, generator, sampling: continuous_ar.SamplingConfig) -> Samples:
-        return continuous_ar.sample_ar(self, cond, sampling, generator=generator)

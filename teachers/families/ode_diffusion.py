@@ -14,8 +14,8 @@ from typing import Callable, ClassVar, Protocol
 import torch
 
 from bench.samples import Samples
+from teachers.families import Family
 
-FAMILY = "ode-diffusion"
 TRAIN_STEPS = 1000
 
 
@@ -67,9 +67,34 @@ def ddim(eps: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x_T: torch.T
     return Trajectory(torch.stack(states), torch.stack(preds), ts)
 
 
+class DiTNetwork(Protocol):
+    """What a distillation student builds on (ARD's student and discriminator, `methods.ard_student`,
+    `methods.ard_gan`): a DiT's parts, reused block by block. A teacher loaded from a checkpoint can be distilled if
+    its network has these (`teachers.networks.dit.DiT` is the reference implementation)."""
+
+    cfg: "DiTShape"
+    x_embedder: torch.nn.Module  # (B, C, H, W) -> (B, d, h, w) patch embedding
+    t_embedder: torch.nn.Module  # (B,) training steps -> (B, d)
+    y_embedder: torch.nn.Module  # (B,) class ids (n_classes = null) -> (B, d)
+    blocks: torch.nn.ModuleList  # block(h (B, L, d), c (B, d) or (B, L, d), mask, history) -> (h, (k, v))
+    final_layer: torch.nn.Module  # (h, c) -> (B, L, p * p * C_out)
+    pos_embed: torch.Tensor  # (L, d) fixed positions
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor: ...  # (B, C, H, W) -> (B, L, d), positions added
+    def cond(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...  # (B,), (B,) -> (B, d)
+    def unpatchify(self, out: torch.Tensor) -> torch.Tensor: ...  # (B, L, p * p * C) -> (B, C, H, W)
+
+
+class DiTShape(Protocol):
+    depth: int
+    hidden: int
+    tokens: int  # L
+
+
 class ODEDiffusionTeacher(Protocol):
-    family: ClassVar[str]
-    model: torch.nn.Module  # the DiT (`teachers.dit.DiT`): students are initialised from it
+    family: ClassVar[Family]
+    modality: ClassVar[str]  # "image"
+    network: DiTNetwork  # students are initialised from it
     image_shape: tuple[int, int, int]  # (C, H, W)
     n_classes: int
 
@@ -85,3 +110,6 @@ def sample_ddim(teacher: ODEDiffusionTeacher, cond: torch.Tensor, s: SamplingCon
     x_T = torch.randn(len(cond), *teacher.image_shape, generator=generator, device=cond.device)
     traj = ddim(lambda x, t: teacher.eps(x, t, cond, cfg=s.cfg), x_T, s.steps)
     return Samples(traj.states[-1], cond, Counter(nfe=len(cond) * len(traj.timesteps), tokens=len(cond)))
+
+
+FAMILY = Family("ode-diffusion", SamplingConfig, sample_ddim, sampler="ddim")

@@ -18,18 +18,16 @@ import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache
-from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
-from teachers import masked_diffusion as md
-from teachers.mdlm_net import MDLMNet, MDLMNetConfig
-from teachers.text_data import load_text_data
-from teachers.text_lm import TextTeacher
+from teachers.data.text import load_text_data
+from teachers.families import masked_diffusion as md
+from teachers.networks.mdlm import MDLMNet, MDLMNetConfig
+from teachers.tiny.text_lm import TextTeacher
 
 
 class TextMDLMTeacher(TextTeacher):
-    family: ClassVar[str] = md.FAMILY
-    reference_method: ClassVar[str] = "mdlm"
-    network = (MDLMNet, MDLMNetConfig, "net")
+    family: ClassVar = md.FAMILY
+    network_class = (MDLMNet, MDLMNetConfig, "net")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -78,8 +76,4 @@ class TextMDLMTeacher(TextTeacher):
     # ---- the MaskedDiffusionLM protocol ---------------------------------------------------------------------
     @torch.inference_mode()
     def denoise(self, z: torch.Tensor) -> torch.Tensor:
-        return md.subs(self.model(z), z, self.mask_id)
-
-    def sample(self, cond, *, generator, sampling: md.SamplingConfig) -> Samples:
-        return md.sample_ancestral(self.denoise, len(cond), self.seq_len, self.mask_id, sampling,
-                                   generator=generator, device=cond.device)
+        return md.subs(self.network(z), z, self.mask_id)

@@ -1,5 +1,5 @@
 """What the tiny text teachers share (MDLM and its AR sibling, SDTT's setting, arXiv:2410.21035): a corpus, its BPE
-tokenizer and fixed-length packed chunks (`teachers.text_data`), the training recipe, decoding and the held-out text.
+tokenizer and fixed-length packed chunks (`teachers.data.text`), the training recipe, decoding and the held-out text.
 
 Both teachers of a corpus are trained on the same chunks with the same tokenizer, so the AR LM is a like-for-like
 latency baseline for the MDLM and a fast generative-perplexity evaluator (`companion_lm`).
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 
 from bench.cache import Cache, config_key
-from teachers.recipes import RecipeTeacher
-from teachers.text_data import TextDataRecipe, TextTokenizer, corpus_sha, load_text_data
+from teachers.data.text import TextDataRecipe, TextTokenizer, corpus_sha, load_text_data
+from teachers.tiny.recipes import RecipeTeacher
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class TextLMRecipe:
 class TextTeacher(RecipeTeacher):
     modality: ClassVar[str] = "text"
     recipe: ClassVar[TextLMRecipe]
-    network: ClassVar[tuple]  # (module class, its config class, the blob key of the config)
+    network_class: ClassVar[tuple]  # (module class, its config class, the blob key of the config)
     companion_lm: ClassVar[str]  # the registered causal LM trained on the same chunks (gen-PPL@tiny, AR latency arm)
 
     @classmethod
@@ -52,27 +52,31 @@ class TextTeacher(RecipeTeacher):
                           cls.family)
 
     @classmethod
-    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None):
-        blob = cls.cached_blob(name, cache, on_trained)
-        net_class, config_class, blob_key = cls.network
-        model = net_class(config_class(**blob[blob_key]))
-        model.load_state_dict(blob["state_dict"])
-        return cls(name, model.to(device), TextTokenizer.from_json(blob["tokenizer"]), blob["reference"].to(device),
+    def load(cls, name: str, *, cache: Cache, device: torch.device):
+        blob = cls.cached_blob(name, cache)
+        net_class, config_class, blob_key = cls.network_class
+        network = net_class(config_class(**blob[blob_key]))
+        network.load_state_dict(blob["state_dict"])
+        return cls(name, network.to(device), TextTokenizer.from_json(blob["tokenizer"]), blob["reference"].to(device),
                    blob["info"])
 
-    def __init__(self, name: str, model: torch.nn.Module, tokenizer: TextTokenizer, reference: torch.Tensor,
+    def __init__(self, name: str, network: torch.nn.Module, tokenizer: TextTokenizer, reference: torch.Tensor,
                  info: dict):
-        self.name, self.model, self.tokenizer, self.info = name, model.eval().requires_grad_(False), tokenizer, info
+        self.name, self.network, self.tokenizer, self.info = name, network.eval().requires_grad_(False), tokenizer, info
         self.reference = reference  # (n, L) held-out test chunks
         self.seq_len = self.recipe.data.seq_len
         self.vocab_size = tokenizer.vocab_size
+        self.grid = (self.seq_len,)
 
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """Unconditional generation: n empty conditions, (n, 0)."""
-        return torch.zeros(n, 0, dtype=torch.long, device=self.reference.device)
+        """Unconditional generation: n empty conditions, (n, 0), on the generator's device."""
+        return torch.zeros(n, 0, dtype=torch.long, device=generator.device)
 
     def decode(self, tokens: torch.Tensor) -> list[str]:
         return self.tokenizer.decode(tokens.cpu())
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer.encode(texts)
 
     def reference_texts(self) -> list[str]:
         """The test split as the samples look: decoded chunks of `seq_len` tokens."""

@@ -1,7 +1,7 @@
 """Tiny discrete-token AR image teachers (class- or text-conditional), trained and cached on first use.
 
 The LlamaGen / Lumina-mGPT setting of SJD (arXiv:2410.01699) at CPU scale: a k-means patch tokenizer and a raster-order
-causal transformer (`teachers.gpt`) conditioned on a prefix (a class token, or caption tokens from open_clip's BPE
+causal transformer (`teachers.networks.gpt`) conditioned on a prefix (a class token, or caption tokens from open_clip's BPE
 tokenizer), trained with condition dropout so classifier-free guidance works.
 """
 from __future__ import annotations
@@ -9,19 +9,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache
-from bench.samples import Samples
 from bench.training import optimizer_step, training_steps, warmup_cosine
-from teachers import discrete_ar
-from teachers.recipes import RecipeTeacher
-from teachers.datasets import ImageDataset, caption_table, load_image_dataset
-from teachers.gpt import GPT, GPTConfig, KVCache
-from teachers.patch_vq import PatchQuantizer
+from teachers.data.images import ImageDataset, caption_table, load_image_dataset
+from teachers.data.patch_vq import PatchQuantizer
+from teachers.families import ar_token
+from teachers.networks.gpt import GPT, GPTConfig, GuidedState
+from teachers.tiny.recipes import RecipeTeacher
 
 NULL, PAD, UNK = 0, 1, 2  # condition-vocabulary ids shared by both conditionings
 
@@ -70,37 +69,26 @@ class CaptionVocab:
         return len(self.index) + 3
 
 
-@dataclass
-class ARState:
-    cache: KVCache
-    cfg: float
-    batch: int
-    cond_len: int
-
-    @property
-    def length(self) -> int:
-        return self.cache.length - self.cond_len
-
-
 class ImageARTeacher(RecipeTeacher):
-    family: ClassVar[str] = discrete_ar.FAMILY
+    family: ClassVar = ar_token.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True  # trained with condition dropout
     recipe: ClassVar[ImageARRecipe]
-    reference_method: ClassVar[str] = "ar"
 
-    def __init__(self, name: str, model: GPT, vq: PatchQuantizer, cond_table: torch.Tensor, info: dict):
-        self.name, self.model, self.vq = name, model.eval(), vq
+    def __init__(self, name: str, network: GPT, vq: PatchQuantizer, cond_table: torch.Tensor, info: dict):
+        self.name, self.network, self.vq = name, network.eval(), vq
         self.cond_table = cond_table  # (classes, templates, P) condition prefix of every (class, template)
         self.info = info
-        self.seq_len = model.cfg.seq_len
-        self.vocab_size = model.cfg.vocab_size
+        self.seq_len = network.cfg.seq_len
+        self.vocab_size = network.cfg.vocab_size
         self.grid = vq.grid
         self.dataset_name = self.recipe.dataset
         self.image_size = self.recipe.image_size
 
     # ---- building -------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, name: str, *, cache: Cache, device: torch.device, on_trained: Callable | None = None) -> "ImageARTeacher":
-        blob = cls.cached_blob(name, cache, on_trained)
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "ImageARTeacher":
+        blob = cls.cached_blob(name, cache)
         model = GPT(GPTConfig(**blob["gpt"]))
         model.load_state_dict(blob["model"])
         vq = PatchQuantizer(blob["codebook"], **blob["vq"])
@@ -155,35 +143,29 @@ class ImageARTeacher(RecipeTeacher):
 
     @staticmethod
     def _conds(table, labels, g):
-        templates = torch.randint(table.shape[1], (len(labels),), generator=g)
+        templates = torch.randint(table.shape[1], (len(labels),), generator=g, device=g.device)
         return table[labels, templates].clone()  # (B, P)
 
-    # ---- the DiscreteARTeacher protocol ---------------------------------------------------------------------
+    # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n conditions with uniformly drawn classes (and caption templates): (n, P)."""
-        labels = torch.randint(self.cond_table.shape[0], (n,), generator=generator)
-        return self._conds(self.cond_table.cpu(), labels, generator).to(self.cond_table.device)
+        """n conditions with uniformly drawn classes (and caption templates): (n, P), on the generator's device."""
+        labels = torch.randint(self.cond_table.shape[0], (n,), generator=generator, device=generator.device)
+        return self._conds(self.cond_table.to(generator.device), labels, generator)
 
     @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[ARState, torch.Tensor]:
-        B, P = cond.shape
-        if cfg != 1.0:
-            cond = torch.cat([cond, torch.full_like(cond, NULL)])  # second half: the unconditional branch
-        cache = self.model.new_cache(cond.shape[0])
-        state = ARState(cache, cfg, B, P)
-        return state, self._guide(state, self.model.prefill(cond, cache))
+    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[GuidedState, torch.Tensor]:
+        state, logits = self.network.start(cond, cfg=cfg, null_id=NULL)
+        return state, self._guide(state, logits)
 
     @torch.inference_mode()
-    def extend(self, state: ARState, tokens: torch.Tensor) -> torch.Tensor:
-        if state.cfg != 1.0:
-            tokens = torch.cat([tokens, tokens])  # both CFG branches see the same image tokens
-        return self._guide(state, self.model.extend(tokens, state.cache))
+    def extend(self, state: GuidedState, tokens: torch.Tensor) -> torch.Tensor:
+        return self._guide(state, self.network.extend_guided(state, tokens))
 
-    def rollback(self, state: ARState, length: int) -> None:
+    def rollback(self, state: GuidedState, length: int) -> None:
         state.cache.truncate(state.cond_len + length)
 
     @staticmethod
-    def _guide(state: ARState, logits: torch.Tensor) -> torch.Tensor:
+    def _guide(state: GuidedState, logits: torch.Tensor) -> torch.Tensor:
         if state.cfg == 1.0:
             return logits
         cond, uncond = logits[: state.batch], logits[state.batch :]
@@ -208,6 +190,3 @@ class ImageARTeacher(RecipeTeacher):
             raise ValueError(f"{self.name}: a condition row is not one of the teacher's conditions")
         texts = [row[t] for row in caption_table(self.dataset_name) for t in range(self.cond_table.shape[1])]
         return [texts[i] for i in match.int().argmax(-1).tolist()]
-
-    def sample(self, cond, *, generator, sampling: discrete_ar.SamplingConfig, greedy: bool = False) -> Samples:
-        return discrete_ar.sample_ar(self, cond, sampling, generator=generator, greedy=greedy)

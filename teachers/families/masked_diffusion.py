@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from bench.cache import Cache
 from bench.samples import Samples
-from teachers.discrete_ar import draw
+from teachers.families import Family
+from teachers.families.ar_token import draw
 
-FAMILY = "masked-diffusion-lm"
 SCHEDULE_EPS = 1e-3  # the log-linear schedule's eps: alpha_t = 1 - (1 - eps) t
 SAMPLING_EPS = 1e-5  # the sampler's last time and the smallest training time
 NEG = -1e6  # SUBS' "impossible" log-probability, finite (as in MDLM's code) so that 0 * NEG stays 0 in divergences
@@ -38,17 +38,21 @@ class SamplingConfig:
 
 
 class MaskedDiffusionLM(Protocol):
-    family: ClassVar[str]
+    family: ClassVar[Family]
+    modality: ClassVar[str]  # "text": decode -> B strings
     seq_len: int  # L
     vocab_size: int  # V real tokens; id V is MASK
     mask_id: int
     companion_lm: str  # the registered causal LM trained on the same data and tokenizer (the AR baseline)
-    model: torch.nn.Module  # the denoiser (`teachers.mdlm_net.MDLMNet`): SDTT students are initialised from it
+    # The denoiser, z (B, L) ids -> (B, L, V + 1) logits (`teachers.networks.mdlm.MDLMNet`): SDTT students are copies
+    network: torch.nn.Module
 
     def denoise(self, z: torch.Tensor) -> torch.Tensor: ...  # (B, L) ids -> (B, L, V + 1) SUBS log-probs
     def training_chunks(self, cache: Cache) -> torch.Tensor: ...  # (n, L) the data the teacher was trained on
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
     def decode(self, tokens: torch.Tensor) -> list[str]: ...
+    def encode(self, texts: list[str]) -> list[list[int]]: ...
+    # and, for the text metrics, `reference_texts()` (MAUVE's held-out side)
 
 
 def mask_prob(t: torch.Tensor) -> torch.Tensor:
@@ -132,3 +136,13 @@ def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], batch: int
         z = torch.where(masked, logp.argmax(-1), z)
     cond = torch.zeros(batch, 0, dtype=torch.long, device=device)
     return Samples(z, cond, Counter(nfe=batch * nfe, tokens=batch * seq_len))
+
+
+def sample_teacher(teacher: MaskedDiffusionLM, cond: torch.Tensor, s: SamplingConfig, *,
+                   generator: torch.Generator) -> Samples:
+    """The teacher's own sampler: `sample_ancestral` with the teacher's denoiser."""
+    return sample_ancestral(teacher.denoise, len(cond), teacher.seq_len, teacher.mask_id, s, generator=generator,
+                            device=cond.device)
+
+
+FAMILY = Family("masked-diffusion-lm", SamplingConfig, sample_teacher, sampler="mdlm")

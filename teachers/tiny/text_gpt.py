@@ -1,8 +1,9 @@
 """Tiny causal LMs trained on the same chunks and tokenizer as a corpus' MDLM: SDTT's AR baseline with a KV cache
-(arXiv:2410.21035 §4.4, GPT-2 at CPU scale) and a fast evaluator for generative perplexity.
+(arXiv:2410.21035 §4.4, GPT-2 at CPU scale) and a fast evaluator for generative perplexity. Members of the AR-token
+family: `ar`, `jacobi` and `sjd` decode them like any image-token model (unconditional: an empty condition).
 
-The transformer is `teachers.gpt.GPT` with a one-token condition acting as BOS, so the output at the BOS predicts the
-first token and every token of a chunk is scored and sampled.
+The transformer is `teachers.networks.gpt.GPT` with a one-token condition acting as BOS, so the output at the BOS
+predicts the first token and every token of a chunk is scored and sampled.
 """
 from __future__ import annotations
 
@@ -16,20 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from bench.cache import Cache
-from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
-from teachers import causal_lm
-from teachers.gpt import GPT, GPTConfig, KVCache
-from teachers.text_data import load_text_data
-from teachers.text_lm import TextTeacher
+from teachers.data.text import load_text_data
+from teachers.families import ar_token
+from teachers.networks.gpt import GPT, GPTConfig, GuidedState
+from teachers.tiny.text_lm import TextTeacher
 
 BOS = 0  # the only condition id
 
 
 class TextGPTTeacher(TextTeacher):
-    family: ClassVar[str] = causal_lm.FAMILY
-    reference_method: ClassVar[str] = "lm"
-    network = (GPT, GPTConfig, "gpt")
+    family: ClassVar = ar_token.FAMILY
+    supports_cfg: ClassVar[bool] = False  # an unconditional LM: nothing to guide with
+    network_class = (GPT, GPTConfig, "gpt")
 
     @classmethod
     def _fit(cls, name: str, cache: Cache) -> dict:
@@ -59,20 +59,23 @@ class TextGPTTeacher(TextTeacher):
         logits = model(bos, ids)  # (B, L, V): row i predicts token i
         return F.cross_entropy(logits.transpose(1, 2), ids, reduction="none")  # (B, L)
 
-    # ---- the CausalLM protocol ------------------------------------------------------------------------------
     @torch.inference_mode()
     def token_nll(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._nll(self.model, ids)
+        """(B, L) ids -> (B, L): -log p(x_i | BOS, x_<i), the evaluator behind `gen_ppl@tiny`."""
+        return self._nll(self.network, ids)
+
+    # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[GuidedState, torch.Tensor]:
+        """cond (B, 0): the LM is unconditional, its only prefix the BOS."""
+        if cond.shape[1]:
+            raise ValueError(f"{self.name} is unconditional: its conditions are empty, got {tuple(cond.shape)}")
+        bos = torch.full((len(cond), 1), BOS, dtype=torch.long, device=cond.device)
+        return self.network.start(bos, cfg=cfg, null_id=BOS)
 
     @torch.inference_mode()
-    def start(self, batch: int) -> tuple[KVCache, torch.Tensor]:
-        cache = self.model.new_cache(batch)
-        bos = torch.full((batch, 1), BOS, dtype=torch.long, device=self.reference.device)
-        return cache, self.model.prefill(bos, cache)
+    def extend(self, state: GuidedState, tokens: torch.Tensor) -> torch.Tensor:
+        return self.network.extend_guided(state, tokens)
 
-    @torch.inference_mode()
-    def extend(self, state: KVCache, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.extend(tokens, state)
-
-    def sample(self, cond, *, generator, sampling: causal_lm.SamplingConfig) -> Samples:
-        return causal_lm.sample_lm(self, len(cond), sampling, generator=generator, device=cond.device)
+    def rollback(self, state: GuidedState, length: int) -> None:
+        state.cache.truncate(state.cond_len + length)

@@ -1,13 +1,15 @@
-"""A LlamaGen-style raster-order causal transformer over image tokens, with a truncatable KV cache.
+"""A LlamaGen-style causal transformer over tokens, with a truncatable KV cache.
 
-Used by the discrete-token AR teacher family (SJD, arXiv:2410.01699, and Distilled Decoding, arXiv:2412.17153) and,
-with continuous tokens in and hidden states out, by the MAR-style continuous-token family (CSpD, arXiv:2411.11925).
-The sequence is `[c_1 .. c_P, x_1 .. x_N]`: P condition tokens (class id or caption tokens, all NULL for the
-unconditional branch of CFG) followed by N image tokens in raster order. The output at position P-1+i predicts x_{i+1}
+Used by the AR-token family (image tokens in raster order for SJD, arXiv:2410.01699, and Distilled Decoding,
+arXiv:2412.17153; text tokens after a BOS for the tiny causal LMs) and, with continuous tokens in and hidden states
+out, by the MAR-style continuous-token family (CSpD, arXiv:2411.11925). The sequence is `[c_1 .. c_P, x_1 .. x_N]`:
+P condition tokens (class id, caption tokens or BOS; all NULL for the unconditional branch of CFG) followed by N
+tokens. The output at position P-1+i predicts x_{i+1}
 (as logits over the codes, or as the vector z a diffusion head turns into the token).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -104,6 +106,23 @@ class RaggedKVCache(KVCache):
         self.length = length.clone()
 
 
+@dataclass
+class GuidedState:
+    """A decoding state over [condition, tokens]: the KV cache of `batch` rows, doubled to 2 * batch rows when
+    `cfg` != 1 (the second half is the unconditional branch, its condition all NULL)."""
+
+    cache: KVCache
+    cfg: float
+    batch: int
+    cond_len: int
+
+    @property
+    def length(self) -> int | torch.Tensor:
+        """Tokens cached after the condition: an int, or (batch,) per row for a ragged cache."""
+        length = self.cache.length
+        return (length[: self.batch] if torch.is_tensor(length) else length) - self.cond_len
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -166,7 +185,34 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def _run(self, x, cache=None):
+    # ---- the TokenNetwork contract (`teachers.families.ar_token`): what distillation students build on ---------
+    @property
+    def cond_len(self) -> int:
+        return self.cfg.cond_len
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.seq_len
+
+    @property
+    def width(self) -> int:
+        return self.cfg.n_embd
+
+    def clone(self, dropout: float) -> "GPT":
+        """A trainable copy with the same weights and another dropout rate (built fresh, then loaded)."""
+        net = GPT(dataclasses.replace(self.cfg, dropout=dropout)).to(self.pos_emb.weight.device)
+        net.load_state_dict(self.state_dict())
+        return net
+
+    def token_embedding(self) -> nn.Parameter:
+        return self.tok_emb.weight
+
+    def embed_condition(self, cond: torch.Tensor) -> torch.Tensor:
+        return self.cond_emb(cond)
+
+    def trunk(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Input embeddings (B, L, d) -> final-normed hidden states (B, L, d): positions (after the cache's, if any)
+        added, dropout, the causal blocks; a cache is read and extended."""
         L = x.shape[1]
         positions = torch.arange(L, device=x.device) if cache is None else cache.positions(L)
         x = self.drop(x + self.pos_emb(positions))
@@ -175,10 +221,17 @@ class GPT(nn.Module):
             x = block(x, i, cache, mask)
         if cache is not None:
             cache.advance(L)
-        return self.head(self.ln_f(x))
+        return self.ln_f(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, L, d) -> (B, L, V) logits, or the hidden states themselves for continuous tokens."""
+        return self.head(h)
+
+    def _run(self, x, cache=None):
+        return self.head(self.trunk(x, cache))
 
     def forward(self, cond, tokens):
-        """Teacher-forced outputs for every image token: cond (B, P), tokens (B, N) or (B, N, D) -> (B, N, V)
+        """Teacher-forced outputs for every token: cond (B, P), tokens (B, N) or (B, N, D) -> (B, N, V)
         logits, or (B, N, n_embd) hidden states for continuous tokens."""
         x = torch.cat([self.cond_emb(cond), self.tok_emb(tokens[:, :-1])], dim=1)  # (B, P+N-1, C)
         return self._run(x)[:, self.cfg.cond_len - 1 :]
@@ -188,10 +241,26 @@ class GPT(nn.Module):
         return (RaggedKVCache if ragged else KVCache)(self.cfg, batch, p.device, p.dtype)
 
     def prefill(self, cond, cache: KVCache):
-        """Consume the condition; return the output for the first image token, (B, V) or (B, n_embd)."""
+        """Consume the condition; return the output for the first token, (B, V) or (B, n_embd)."""
         return self._run(self.cond_emb(cond), cache)[:, -1]
 
     def extend(self, tokens, cache: KVCache):
-        """Append image tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
+        """Append tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
         the token after t."""
         return self._run(self.tok_emb(tokens), cache)
+
+    # ---- decoding with classifier-free guidance branches ------------------------------------------------------
+    def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False):
+        """Prefill the condition (B, P), and with cfg != 1 its unconditional twin (all `null_id`) as rows B..2B-1;
+        returns the state and the outputs for the first token, (B or 2B, ...)."""
+        B, P = cond.shape
+        if cfg != 1.0:
+            cond = torch.cat([cond, torch.full_like(cond, null_id)])
+        state = GuidedState(self.new_cache(len(cond), ragged), cfg, B, P)
+        return state, self.prefill(cond, state.cache)
+
+    def extend_guided(self, state: GuidedState, tokens: torch.Tensor):
+        """`extend` for every branch: both CFG branches see the same tokens (B, L[, D]) -> (B or 2B, L, ...)."""
+        if state.cfg != 1.0:
+            tokens = torch.cat([tokens, tokens])
+        return self.extend(tokens, state.cache)

@@ -1,8 +1,8 @@
 """The continuous-token AR teacher family (MAR-style, as in CSpD, arXiv:2411.11925): protocol, noise, AR sampler.
 
 A teacher holds two models of the same kind, `target` and `draft` (a smaller one trained on the same data). Each is a
-raster-order causal transformer (`teachers.gpt`, continuous tokens in, a condition vector z per position out) and a
-per-token diffusion head (`teachers.diffusion_head`). A method talks to a model only through `ContinuousARModel`:
+raster-order causal transformer (`teachers.networks.gpt`, continuous tokens in, a condition vector z per position out)
+and a per-token diffusion head (`teachers.networks.diffusion_head`). A method talks to a model only through `ContinuousARModel`:
 `start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z of the next
 positions), `rollback` (per-row cache lengths), `select` (drop finished rows) and `denoise` (run the head on given
 noise).
@@ -20,9 +20,8 @@ from typing import ClassVar, Protocol
 import torch
 
 from bench.samples import Samples
-from teachers.diffusion_head import HeadOutput
-
-FAMILY = "continuous-ar"
+from teachers.families import Family
+from teachers.networks.diffusion_head import HeadOutput
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,8 @@ class ContinuousARModel(Protocol):
 
 
 class ContinuousARTeacher(Protocol):
-    family: ClassVar[str]
+    family: ClassVar[Family]
+    modality: ClassVar[str]  # "image": decode -> (B, C, H, W) in [0, 1]
     seq_len: int  # N tokens
     token_dim: int  # D
     grid: tuple[int, int]
@@ -113,3 +113,6 @@ def sample_ar(teacher: ContinuousARTeacher, cond: torch.Tensor, s: SamplingConfi
         if i + 1 < N:
             z = m.extend(state, tokens[:, i : i + 1])[:, 0]
     return Samples(tokens, cond, Counter(nfe=B * N, tokens=B * N, head_chains=B * N))
+
+
+FAMILY = Family("continuous-ar", SamplingConfig, sample_ar, sampler="ar")

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from teachers.diffusion_head import TimestepEmbedder
+from teachers.networks.diffusion_head import TimestepEmbedder
 
 
 @dataclass(frozen=True)

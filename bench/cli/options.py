@@ -1,0 +1,64 @@
+"""Options shared by the `accelbench` subcommands, declared once: where results go, where the cache lives, how trials
+run (threads, warm-up, progress bars, budgets), and the trial fields of `run` and `lambada`."""
+from __future__ import annotations
+
+import argparse
+
+from bench.errors import UserError
+
+DEFAULT_EXPERIMENT = "accelbench"
+
+
+def store(sp: argparse.ArgumentParser, experiment: bool = False) -> None:
+    sp.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    if experiment:
+        sp.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment name")
+
+
+def cache(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--cache-dir", help="cache root (default $ACCELBENCH_CACHE or ~/.cache/accelbench)")
+
+
+def execution(sp: argparse.ArgumentParser, experiment: bool = False) -> None:
+    """The options of every command that runs trials (run, suite, sweep, worker, lambada)."""
+    store(sp, experiment)
+    cache(sp)
+    sp.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
+    sp.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sp.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
+                    help="stop a trial that takes longer, teacher training included (default 0 = no limit)")
+    sp.add_argument("--memory-budget", type=float, default=0.0, metavar="MB",
+                    help="stop a trial when the process's resident memory exceeds this (libraries included; "
+                         "default 0 = no limit)")
+
+
+def execution_argv(args) -> list[str]:
+    """The execution options of `args` as command-line arguments (for worker processes)."""
+    argv = ["--threads", str(args.threads), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
+            "--memory-budget", str(args.memory_budget)]
+    for flag, value in (("--tracking-uri", args.tracking_uri), ("--cache-dir", args.cache_dir)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + (["--no-progress"] if args.no_progress else [])
+
+
+def run_options(args):
+    from bench.runner import RunOptions
+
+    return RunOptions(warmup=args.warmup, threads=args.threads, progress=not args.no_progress,
+                      time_budget=args.time_budget, memory_budget=args.memory_budget)
+
+
+def method_knobs(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="a method knob; repeatable")
+
+
+def parse_params(items: list[str]) -> dict[str, str]:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--param expects KEY=VALUE, got {item!r}")
+        params[key.strip()] = value.strip()
+    return params

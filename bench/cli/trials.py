@@ -1,0 +1,150 @@
+"""`accelbench run`, `suite` and `lambada`: the commands that plan trials and run them through the runner."""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.cli import options
+from bench.errors import UserError
+
+
+def _trial_from_args(args):
+    from bench.trial import Trial
+
+    if args.config:
+        if args.teacher or args.method:
+            raise UserError("give either a trial YAML file or --teacher/--method, not both")
+        return Trial.from_yaml(args.config)
+    if not args.teacher or not args.method:
+        raise UserError("run needs --teacher and --method (or a trial YAML file)")
+    return Trial(teacher=args.teacher, method=args.method, params=options.parse_params(args.param),
+                 metrics=tuple(args.metric), n_samples=args.n_samples, batch_size=args.batch_size,
+                 seed=args.seed, device=args.device, metric_repeats=args.metric_repeats)
+
+
+def _store_line(uri: str, args, experiment: str) -> str:
+    return (f"logged to MLflow: {uri} (experiment {experiment!r}); browse with: accelbench ui"
+            + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
+
+
+def cmd_run(args) -> int:
+    from bench.cache import Cache
+    from bench.runner import plan, run_trial
+    from bench.tracking import Tracker, tracking_uri
+
+    p = plan(_trial_from_args(args))  # validate everything before touching the store or building anything
+    opts = options.run_options(args)
+    for m in p.metrics:
+        if m.unavailable:
+            print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
+    uri = tracking_uri(args.tracking_uri)
+    metrics = run_trial(p, cache=Cache(args.cache_dir), tracker=Tracker(uri, args.experiment), opts=opts)
+    print(format_result(p.trial.method, p.reference, metrics))
+    print("\n" + _store_line(uri, args, args.experiment))
+    return 0
+
+
+def format_result(method: str, reference: str, m: dict[str, float]) -> str:
+    """A small markdown table: the method arm, the reference arm and any extra baseline arm of the same run; speed-ups
+    are against the reference arm."""
+    quality = sorted(k for k in m if "." in k and "/" not in k)
+    extra = sorted({k.split("/")[0] for k in m if k.endswith("/nfe_per_sample")} - {"ref"})
+    head = ["arm", "NFE/sample", "tokens/step", "ms/sample (median)", "speed-up wall", "speed-up steps", *quality]
+    rows = []
+    ref_sec, ref_nfe = m["ref/sec_per_sample_median"], m["ref/nfe_per_sample"]
+    for arm, prefix in ((method, ""), (f"{reference} (reference)", "ref/"), *((a, f"{a}/") for a in extra)):
+        rows.append([arm, f"{m[prefix + 'nfe_per_sample']:.1f}", f"{m[prefix + 'step_compression']:.2f}",
+                     f"{1000 * m[prefix + 'sec_per_sample_median']:.1f}",
+                     f"{ref_sec / m[prefix + 'sec_per_sample_median']:.2f}x",
+                     f"{ref_nfe / m[prefix + 'nfe_per_sample']:.2f}x",
+                     *(f"{m.get(prefix + q, float('nan')):.2f}" for q in quality)])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_suite(args) -> int:
+    from bench.cache import Cache
+    from bench.suite import load_suite, run_suite
+    from bench.tracking import Tracker, tracking_uri
+    from reports.report import write_report
+
+    suite = load_suite(args.file)  # every trial planned before anything runs
+    opts = options.run_options(args)
+    uri = tracking_uri(args.tracking_uri)
+    tracker = Tracker(uri, suite.experiment)
+    ran, skipped = run_suite(suite, tracker=tracker, cache=Cache(args.cache_dir), opts=opts, force=args.force)
+    print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
+    path = write_report(uri, suite.experiment, Path(args.out or Path("results") / suite.experiment))
+    print(f"report: {path}")
+    print(_store_line(uri, args, suite.experiment))
+    return 0
+
+
+def cmd_lambada(args) -> int:
+    """LAMBADA-style task of a text teacher's corpus, as a runner task: planned, budgeted, logged as one run."""
+    from bench.cache import Cache
+    from bench.registry import TEACHERS
+    from bench.runner import execute, plan
+    from bench.tracking import Tracker, tracking_uri
+    from bench.trial import Trial
+    from metrics.lambada import lambada
+
+    teacher_cls = TEACHERS.get(args.teacher)
+    if teacher_cls.modality != "text":
+        raise UserError(f"lambada needs a text teacher, got {args.teacher!r} ({teacher_cls.family}, "
+                        f"{teacher_cls.modality})")
+    method = args.method or teacher_cls.family.sampler  # no method: the teacher itself
+    p = plan(Trial(teacher=args.teacher, method=method, params=options.parse_params(args.param), n_samples=args.n,
+                   seed=args.seed, device=args.device))
+    opts = options.run_options(args)
+    uri = tracking_uri(args.tracking_uri)
+
+    def score(ctx) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as folder:
+            values = lambada(ctx.teacher, ctx.method, cache=ctx.cache, n=args.n, folder=Path(folder),
+                             device=p.device)
+        return {f"lambada.{k}": v for k, v in values.items()}
+
+    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=Cache(args.cache_dir),
+                      tracker=Tracker(uri, args.experiment), opts=opts)
+    print(f"{method} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
+          f"acc {metrics['lambada.acc']:.4f}, perplexity {metrics['lambada.perplexity']:.2f}")
+    print(_store_line(uri, args, args.experiment))
+    return 0
+
+
+def register(sub) -> None:
+    r = sub.add_parser("run", help="run one trial (method x teacher) and log it to MLflow")
+    r.add_argument("config", nargs="?", help="a trial YAML file (instead of --teacher/--method/...)")
+    r.add_argument("--teacher", help="teacher registry name (see `accelbench list`)")
+    r.add_argument("--method", help="method registry name (see `accelbench list`)")
+    options.method_knobs(r)
+    r.add_argument("--metric", action="append", default=[], metavar="NAME[@EXTRACTOR]",
+                   help="a quality metric, e.g. fid or fid@inception; repeatable")
+    r.add_argument("--metric-repeats", type=int, default=1,
+                   help="seeds over which stochastic metrics (KID, IS) are repeated: mean and .seed_std (default 1)")
+    r.add_argument("--n-samples", type=int, default=64, help="samples per arm (default 64)")
+    r.add_argument("--batch-size", type=int, default=1, help="samples per sampler call (default 1)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    options.execution(r, experiment=True)
+    r.set_defaults(func=cmd_run)
+
+    su = sub.add_parser("suite", help="run the trials of a suite file that are not finished yet, then write the report")
+    su.add_argument("file", help="suite YAML (see suites/default.yaml)")
+    su.add_argument("--out", help="report directory (default results/<experiment>)")
+    su.add_argument("--force", action="store_true", help="rerun trials that already have a finished run")
+    options.execution(su)
+    su.set_defaults(func=cmd_suite)
+
+    lb = sub.add_parser("lambada", help="LAMBADA-style last-word accuracy / perplexity (lm-eval) on a text corpus")
+    lb.add_argument("--teacher", required=True, help="a text teacher: its corpus gives the passages")
+    lb.add_argument("--method", help="score this method's model (e.g. an SDTT student) instead of the teacher")
+    options.method_knobs(lb)
+    lb.add_argument("--n", type=int, default=500, help="passages (default 500)")
+    lb.add_argument("--seed", type=int, default=0)
+    lb.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    options.execution(lb, experiment=True)
+    lb.set_defaults(func=cmd_lambada)

