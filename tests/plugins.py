@@ -2,17 +2,19 @@
 
 Loaded with ACCELBENCH_PLUGINS=tests.plugins, so subprocesses see the same entries as the test.
 """
+import os
 import time
+from pathlib import Path
 
 from bench.registry import TEACHERS
 from tests.fakes import TableAR
+
+BARRIER_ENV = "ACCELBENCH_TEST_BARRIER"  # "<folder>:<n>": `barrier-table-ar` loads once n processes are loading it
 
 
 @TEACHERS.register("table-ar")
 class TableARTeacher(TableAR):
     """The table AR model as a registered teacher: nothing to train, microseconds per token."""
-
-    reference_method = "ar"
 
     @classmethod
     def key(cls) -> str:
@@ -30,3 +32,21 @@ class SlowTableARTeacher(TableARTeacher):
     def extend(self, state, tokens):
         time.sleep(0.02)
         return super().extend(state, tokens)
+
+
+@TEACHERS.register("barrier-table-ar")
+class BarrierTableARTeacher(TableARTeacher):
+    """The table teacher, loaded (once per process) only when every one of n processes has started to load it: a
+    sweep over it has n workers sharing its first n trials, whatever the order and the speed the workers start at."""
+
+    @classmethod
+    def load(cls, name, *, cache, device, timeout=120.0):
+        folder, n = os.environ[BARRIER_ENV].rsplit(":", 1)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / str(os.getpid())).touch()
+        deadline = time.monotonic() + timeout
+        while len(list(Path(folder).iterdir())) < int(n):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {n} processes did not all load within {timeout:g} s")
+            time.sleep(0.05)
+        return super().load(name, cache=cache, device=device)
