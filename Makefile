@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test clean-venv
+.PHONY: demo test gpu-wheels gpu-check clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,23 @@ demo: $(STAMP)
 # pytest exits 5 when it collects no test; that is not a failure of the code under test.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest || [ $$? -eq 5 ]
+
+# The GPU check: every registry entry on a CUDA device (tests/test_gpu.py, `pytest -m gpu`). A GPU box may have torch and
+# nothing else of ours, and no package index: `make gpu-wheels` fetches here the pure-Python wheels the check needs
+# into $(GPU_WHEELS) (carry that folder there), and `make gpu-check` puts them on the path as zip files. With .venv
+# present it uses the venv instead (every metric is then checked too; without their libraries they are skipped).
+GPU_WHEELS := .gpu-wheels
+GPU_WHEEL_PINS := pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.3 pygments==2.21.0 tqdm==4.70.1
+GPU_PYTHON := $(if $(wildcard $(STAMP)),$(VENV)/bin/python,$(PYTHON))
+empty :=
+space := $(empty) $(empty)
+
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+
+gpu-check:
+	PYTHONPATH=".$(subst $(space),,$(foreach w,$(wildcard $(GPU_WHEELS)/*.whl),:$(w)))" \
+		$(GPU_PYTHON) -m pytest -p no:cacheprovider -m gpu -rs tests/test_gpu.py
 
 clean-venv:
 	rm -rf $(VENV)
