@@ -99,8 +99,8 @@ def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: Sampli
 def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:
     """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg
     (methods with different knobs of their own share the pairs)."""
-    blob, cached = cache.get_or_build("dd-pairs", keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION),
-                                      lambda: _generate(teacher, s, cfg))
+    key = keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION)
+    blob, cached = cache.get_or_build("dd-pairs", key, lambda: _generate(teacher, s, cfg))
     return _as_pairs(blob, cached)
 
 

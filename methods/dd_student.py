@@ -43,7 +43,7 @@ class DDStudent(nn.Module):
     def forward(self, cond: torch.Tensor, x: torch.Tensor, is_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cond (B, P) ids, x (B, n, C) vectors, is_data (B, n) bool -> logits (B, n, V), embeddings (B, n, C)."""
         P = cond.shape[1]
-        h = torch.cat([self.net.embed_condition(cond), self.inp(x) + self.kind_emb(is_data.long())], dim=1)  # (B, P+n, d)
+        h = torch.cat([self.net.embed_condition(cond), self.inp(x) + self.kind_emb(is_data.long())], 1)  # (B, P+n, d)
         h = self.net.trunk(h)[:, P:]  # (B, n, d): no cache, causal; the output at x_i's own position predicts q_i
         return self.net.logits(h), self.emb_head(h)
 

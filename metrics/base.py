@@ -1,4 +1,4 @@
-"""The Metric contract every file in `metrics/` implements (see DESIGN.md, "Core contracts").
+"""The Metric contract every file in `metrics/` implements (see ARCHITECTURE.md, "Where a new piece goes").
 
 torchmetrics-style: a metric is built once per trial (its reference side, e.g. real-image statistics, is computed in
 `__init__`), fed generated images with `update`, and read with `compute`. `reset` forgets the generated images only,

@@ -21,7 +21,7 @@ class TableARTeacher(TableAR):
         return f"{cls.__name__}-v1".ljust(20, "0")
 
     @classmethod
-    def load(cls, name, *, cache, device, on_trained=None):
+    def load(cls, name, *, cache, device):
         return cls(vocab=4, seq_len=8, grid=(2, 4))
 
 

@@ -59,6 +59,25 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert trained.data.params["steps"] == "30" and "test_nll_per_token" in trained.data.metrics
 
 
+def test_sjd_on_the_real_smollm2_end_to_end(store, cache, capsys):
+    """SJD on a real pretrained text LM through the same CLI: the AR-token family is one for images and text."""
+    from teachers.pretrained import smollm2
+
+    if smollm2.unavailable():
+        pytest.skip(smollm2.unavailable())
+    code = run_cli(store, cache.root, "--teacher", "smollm2-135m-instruct", "--method", "sjd", "--param", "window=4",
+                   "--metric", "gen_ppl", "--n-samples", "1", "--warmup", "0")
+    assert code == 0, capsys.readouterr().err
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m, p = run.data.metrics, run.data.params
+    assert p["reference"] == "ar" and p["ref.top_p"] == "1.0" and run.data.tags["family"] == "ar-token"
+    assert m["ref/nfe_per_sample"] == 64 and m["ref/step_compression"] == 1 and 1 <= m["step_compression"] <= 4
+    for key in ("acceptance_rate", "speedup_wall", "gen_ppl.smollm2-135m", "ref/gen_ppl.smollm2-135m"):
+        assert key in m, key
+    assert "samples.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
 def test_cspd_trial_end_to_end(tiny_recipe, store, tmp_path):
     code = run_cli(store, tmp_path / "cache", "--teacher", "digits-mar-c2i", "--method", "cspd", "--param", "gamma=3",
                    "--param", "steps=4", "--param", "cfg=2.0", "--metric", "fid", "--n-samples", "6",

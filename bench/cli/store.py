@@ -39,7 +39,8 @@ def cmd_list(args) -> int:
     print("teachers:")
     for name, cls in TEACHERS.items():
         missing = getattr(cls, "unavailable", lambda: None)()
-        print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}" + (f" (unavailable: {missing})" if missing else ""))
+        note = f" (unavailable: {missing})" if missing else ""
+        print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}{note}")
     print("methods:")
     for name, cls in METHODS.items():
         print(f"  {name:<22} families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")

@@ -111,8 +111,9 @@ def register(sub) -> None:
     study_args(wk, "the study's storage (required), e.g. postgresql://user@host/db")
     wk.set_defaults(func=cmd_worker)
 
-    for name, helptext, func in (("studies", "list the studies in a storage with their best trials / Pareto fronts",
-                                  cmd_studies), ("dashboard", "open optuna-dashboard on a study storage", cmd_dashboard)):
+    for name, helptext, func in (
+            ("studies", "list the studies in a storage with their best trials / Pareto fronts", cmd_studies),
+            ("dashboard", "open optuna-dashboard on a study storage", cmd_dashboard)):
         sp = sub.add_parser(name, help=helptext)
         sp.add_argument("--storage", default="sqlite:///optuna.db", help="study storage (default sqlite:///optuna.db)")
         if name == "dashboard":

@@ -2,8 +2,8 @@
 
 A teacher holds two models of the same kind, `target` and `draft` (a smaller one trained on the same data). Each is a
 raster-order causal transformer (`teachers.networks.gpt`, continuous tokens in, a condition vector z per position out)
-and a per-token diffusion head (`teachers.networks.diffusion_head`). A method talks to a model only through `ContinuousARModel`:
-`start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z of the next
+and a per-token diffusion head (`teachers.networks.diffusion_head`). A method talks to a model only through
+`ContinuousARModel`: `start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z of the next
 positions), `rollback` (per-row cache lengths), `select` (drop finished rows) and `denoise` (run the head on given
 noise).
 

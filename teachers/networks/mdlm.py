@@ -3,8 +3,8 @@ position embeddings and no time input.
 
 MDLM's DiT keeps its adaLN layers but is fed a zero noise level (`time_conditioning: False`), which makes it a plain
 pre-norm transformer over the whole sequence with RoPE; that is what this file is. It reads ids in [0, V] (V = MASK) and
-returns logits over [0, V]; the SUBS parameterisation (`teachers.families.masked_diffusion.subs`) turns them into the model's
-log-probabilities.
+returns logits over [0, V]; the SUBS parameterisation (`teachers.families.masked_diffusion.subs`) turns them into the
+model's log-probabilities.
 
 Why RoPE rather than learnt absolute positions: with learnt positions (init std 0.02 or 1, `nn.TransformerEncoder`
 or our GPT blocks made bidirectional) the tiny MDLM sat on the unigram plateau (masked CE 6.4 nats = the unigram

@@ -1,8 +1,8 @@
 """Tiny discrete-token AR image teachers (class- or text-conditional), trained and cached on first use.
 
-The LlamaGen / Lumina-mGPT setting of SJD (arXiv:2410.01699) at CPU scale: a k-means patch tokenizer and a raster-order
-causal transformer (`teachers.networks.gpt`) conditioned on a prefix (a class token, or caption tokens from open_clip's BPE
-tokenizer), trained with condition dropout so classifier-free guidance works.
+The LlamaGen / Lumina-mGPT setting of SJD (arXiv:2410.01699) at CPU scale: a k-means patch tokenizer and a
+raster-order causal transformer (`teachers.networks.gpt`) conditioned on a prefix (a class token, or caption tokens
+from open_clip's BPE tokenizer), trained with condition dropout so classifier-free guidance works.
 """
 from __future__ import annotations
 

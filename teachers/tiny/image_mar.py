@@ -3,8 +3,8 @@
 Tokens are raw image patches scaled to [-1, 1] (MAR also runs on patches; no autoencoder keeps everything
 deterministic), in raster order. A target and a smaller draft are trained on the same data with the same recipe:
 a causal transformer (`teachers.networks.gpt`) gives the condition vector z of every position, MAR's diffusion head
-(`teachers.networks.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both models are
-trained and cached together on first use.
+(`teachers.networks.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both
+models are trained and cached together on first use.
 """
 from __future__ import annotations
 
