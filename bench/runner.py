@@ -301,6 +301,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
         **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
            for m in p.metrics for k in metrics
            if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
-        **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable}})
+        **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable},
+        **{f"caveat.{k}": v for k, v in method.caveats().items()}})
     ctx.log.log_files({**files, "trial.yaml": t.to_yaml().encode()})
     return metrics

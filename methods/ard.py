@@ -39,6 +39,7 @@ from teachers.data.images import load_image_dataset
 from teachers.families import ode_diffusion
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
+RELEASED_KNOTS_VERSION = 2  # in `released` students' keys; 2: the states before DDIM loop indices 15/10/5 (was one late)
 HELD_OUT = 256  # noises for the coupling error
 
 
@@ -84,11 +85,12 @@ def knot_states(knots: str, K: int, S: int) -> list[int]:
     """Indices into a trajectory's states (steps taken) of the S + 1 knots, noise first."""
     if knots == "uniform":
         inner = [round((K - 1) * s / S) for s in range(1, S)]  # the DDIM state whose timestep is nearest T (S-s)/S
-    else:  # the released loaders: DDIM indices {15, 10, 5} (4 steps) and {10} (2 steps) of 25, i.e. strides of K/5
+    else:  # the released loaders: DDIM loop indices {15, 10, 5} (4 steps) and {10} (2 steps) of 25, i.e. multiples of
+        # K/5. Loop index m is the state before the step at timestep ts[K - 1 - m] (m = K is the noise): state K-1-m.
         if S not in (1, 2, 4):
             raise UserError(f"ard: knots 'released' exist for 1, 2 or 4 student steps (the released code's), got {S}")
         d = K // 5
-        inner = {1: [], 2: [K - 2 * d], 4: [K - 3 * d, K - 2 * d, K - d]}[S]
+        inner = [K - 1 - m * d for m in {1: [], 2: [2], 4: [3, 2, 1]}[S]]
     out = [0, *inner, K]
     if sorted(set(out)) != out:
         raise UserError(f"ard: knots {knots!r} need more teacher steps than {K} for {S} student steps: {out}")
@@ -169,6 +171,8 @@ class ARD(Method):
         knobs = {k: v for k, v in config_dict(c).items() if c.gan_steps or k not in gan}
         if c.gan_steps:
             knobs["gan_version"] = GAN_VERSION
+        if c.knots == "released":
+            knobs["released_knots_version"] = RELEASED_KNOTS_VERSION
         blob, cached = cache.get_or_build("ard-students", keyed(self.teacher, knobs, STUDENT_VERSION),
                                           lambda: self._train(trajs))
         self.student = self._new_student()

@@ -44,6 +44,11 @@ class Method:
         """Train what the method needs (cached by key); returns figures to log. Training-free methods: no-op."""
         return {}
 
+    def caveats(self) -> dict[str, str]:
+        """Where this configuration departs from the paper or its released code, by name -> one line: logged with the
+        run as tags `caveat.<name>` (and listed by the report)."""
+        return {}
+
     def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, "Method"]:
         """Baselines this method is compared with in the same run besides the teacher's reference arm, by arm name
         (the runner samples them interleaved with the others and logs them under "<name>/")."""

@@ -15,8 +15,10 @@ Three modes (shared/notes/cspd_continuous_speculative_decoding.md, Sec. 1.7, 6, 
   says (the first rejected position p_{n+1}, a bonus token). Exact only when the two models' step stds agree.
 - `released`: the released code's scheme: every drafted token is accepted or replaced on its own, nothing is
   discarded (each round advances gamma tokens), Sigma inverted (prod sigma_p / prod sigma_q) and the acceptance
-  exponent divided by `inner_temperature` (42). MAR's bidirectional target predicts the window from the verified
-  prefix alone; a causal target cannot, so here it reads the drafts (as the paper's text says of MAR).
+  exponent divided by `inner_temperature` (42). One difference remains, logged with every `released` run
+  (`caveat.cspd_released_conditioning`): the released MAR code's bidirectional target predicts the window from the
+  verified prefix alone, while our causal target reads the drafts (as the paper's text says of MAR); the faithful
+  version needs a bidirectional MAR-family teacher.
 Where the released code returns a zero token after `max_tries` failed proposals, every mode here returns the last
 proposal (a draw from the target's last step) and counts the row in `resample_exhausted`.
 """
@@ -115,6 +117,12 @@ class CSpD(Method):
     families = (continuous_ar.FAMILY,)
     Config = CSpDConfig
     key_knobs = ("mode", "gamma", "prefill")
+
+    def caveats(self) -> dict[str, str]:
+        if self.config.mode != "released":
+            return {}
+        return {"cspd_released_conditioning": "the causal target reads the drafts; the released MAR code conditions "
+                                              "the target on the verified prefix only"}
 
     @torch.inference_mode()
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:

@@ -3,10 +3,10 @@ note), always reported with the evaluator in its key and next to the unigram ent
 
 As SDTT's evaluation code: each sample is re-tokenised by the evaluator, its mean NLL over its next-token predictions
 is taken, and gen-PPL = exp(mean over samples of those means). Evaluators:
-- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m"): SmolLM2-135M-Instruct, Q4_1 dequantised to float32
-  (the registered teacher `smollm2-135m-instruct`, `teachers.pretrained.smollm2`), batched with right padding and an
-  attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is context only and texts of
-  fewer than 2 tokens are not scored;
+- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m-instruct-q4"): SmolLM2-135M-Instruct, Q4_1 dequantised
+  to float32 (the registered teacher `smollm2-135m-instruct`, `teachers.pretrained.smollm2`), batched with right
+  padding and an attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is context only
+  and texts of fewer than 2 tokens are not scored;
 - `gen_ppl@tiny` (key "gen_ppl.<teacher.companion_lm>"): the causal LM trained on the teacher's own corpus and tokenizer
   (seconds instead of minutes); it reads a BOS, so every token is scored; newlines are its EOS separators again.
 """

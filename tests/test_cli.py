@@ -73,7 +73,7 @@ def test_sjd_on_the_real_smollm2_end_to_end(store, cache, capsys):
     m, p = run.data.metrics, run.data.params
     assert p["reference"] == "ar" and p["ref.top_p"] == "1.0" and run.data.tags["family"] == "ar-token"
     assert m["ref/nfe_per_sample"] == 64 and m["ref/step_compression"] == 1 and 1 <= m["step_compression"] <= 4
-    for key in ("acceptance_rate", "speedup_wall", "gen_ppl.smollm2-135m", "ref/gen_ppl.smollm2-135m"):
+    for key in ("acceptance_rate", "speedup_wall", "gen_ppl.smollm2-135m-instruct-q4", "ref/gen_ppl.smollm2-135m-instruct-q4"):
         assert key in m, key
     assert "samples.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
 

@@ -115,3 +115,10 @@ def test_ragged_kv_cache_matches_teacher_forcing():
     assert torch.allclose(z[1], full[1, 2:4], atol=1e-5)
     assert torch.allclose(z[2], full[2, 1:3], atol=1e-5)
     assert cache.length.tolist() == [3, 4, 3]
+
+
+def test_the_released_modes_remaining_difference_is_named_for_the_run():
+    teacher = LinearGaussianAR()
+    assert CSpD(teacher, make_config(CSpDConfig, mode="exact")).caveats() == {}
+    caveats = CSpD(teacher, make_config(CSpDConfig, mode="released")).caveats()
+    assert "verified prefix only" in caveats["cspd_released_conditioning"]

