@@ -14,7 +14,9 @@ def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialR
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise UserError(f"no MLflow experiment {experiment!r} in {uri}")
+        names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
+        raise UserError(f"no MLflow experiment {experiment!r} in {uri}; it has: {', '.join(names) or '(none)'} "
+                        f"(--experiment NAME)")
     query = "tags.`accelbench.kind` = 'trial' and attributes.status = 'FINISHED'"
     if filter_string:
         query += f" and {filter_string}"

@@ -114,3 +114,9 @@ def test_plot_points_keep_apart_runs_that_differ_in_a_non_key_knob():
     assert points["dd steps=1, t2=0, ts=0, split=64"] == pytest.approx((3.0, 4.1))
     assert points["dd steps=1, t2=0, ts=0, split=-1"] == pytest.approx((3.0, 1.8))
     assert points["ar (teacher)"] == pytest.approx((70.0, 1.3))
+
+
+def test_an_unknown_experiment_lists_the_ones_the_store_has(store, tmp_path, capsys):
+    assert main(["report", "--tracking-uri", store, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no MLflow experiment 'accelbench'" in err and "it has: paper" in err and len(err.splitlines()) == 1
