@@ -8,7 +8,10 @@ by their own names, and `config_dict` flattens them back, so a knob name means o
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import typing
+from pathlib import Path
 from typing import Any, Mapping
 
 from bench.errors import UserError
@@ -23,6 +26,8 @@ def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> d
             data = yaml.safe_load(fh)
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"cannot read {what} {path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{what} {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -31,6 +36,18 @@ def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> d
     if unknown:
         raise UserError(f"{what} {path}: unknown field {unknown[0]!r}; valid: {', '.join(sorted(fields))}")
     return data
+
+
+def writable_dir(path: str | os.PathLike, what: str) -> Path:
+    """The directory `path`, created if needed; `UserError` naming `what` unless it can be written."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot create it ({exc.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path}: not writable")
+    return path
 
 
 def check_seeds(seeds, where: str) -> tuple[int, ...]:
@@ -111,14 +128,17 @@ def _coerce(raw: Any, hint: Any, where: str) -> Any:
         kind = "an integer" if hint is int else "a number"
         if isinstance(raw, bool):
             raise UserError(f"{where} must be {kind}, got {raw!r}")
+        value = None
         if isinstance(raw, int) or (hint is float and isinstance(raw, float)):
-            return hint(raw)
-        if isinstance(raw, str):
+            value = hint(raw)
+        elif isinstance(raw, str):
             try:
-                return hint(raw)
+                value = hint(raw)
             except ValueError:
                 pass
-        raise UserError(f"{where} must be {kind}, got {raw!r}")
+        if value is None or not math.isfinite(value):  # "inf" and "nan" parse as floats; no knob means them
+            raise UserError(f"{where} must be {kind}" + (" (finite)" if hint is float else "") + f", got {raw!r}")
+        return value
     if hint is str:
         if isinstance(raw, str):
             return raw

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from bench.errors import UserError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("torch", "mlflow", "optuna", "torchmetrics", "numpy")
 
@@ -38,9 +40,22 @@ def cpu_model() -> str:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device a trial runs on; `UserError` for a string that names no device this machine has."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device {name!r}: this machine has no CUDA device (torch.cuda.is_available() is False); "
+                            f"use cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise UserError(f"device {name!r}: AccelBench runs on auto, cpu, cuda or cuda:N")
+    return device
 
 
 def environment_tags(device: torch.device) -> dict[str, str]:

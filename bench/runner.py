@@ -128,10 +128,7 @@ def plan(trial: Trial) -> Plan:
     if method_cls.batch_size_one and trial.batch_size != 1:
         raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
                         f"got {trial.batch_size}")
-    try:
-        device = resolve_device(trial.device)
-    except RuntimeError:
-        raise UserError(f"trial: unknown device {trial.device!r}; use auto, cpu, cuda or cuda:N") from None
+    device = resolve_device(trial.device)
     missing = getattr(teacher_cls, "unavailable", lambda: None)()
     if missing:
         raise UserError(f"teacher {trial.teacher!r}: {missing}")

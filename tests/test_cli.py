@@ -226,6 +226,40 @@ def test_bad_input_is_one_clear_line_and_no_run(args, message, store, cache_dir,
     assert all(r.info.status != "RUNNING" for r in all_runs(store))
 
 
+def test_bad_files_devices_numbers_and_folders_are_one_line_before_any_work(tmp_path, capsys):
+    """The class of bad input, not four cases: every file the CLI reads, every folder it writes, every device string,
+    every float knob: one line, exit 2, nothing trained, cached or logged."""
+    import torch
+
+    store = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+    binary = tmp_path / "trial.yaml"
+    binary.write_bytes(b"teacher: digits-ar-t2i\nmethod: \xff\xfe sjd\n")
+    (tmp_path / "a-file").write_text("")
+    cases = [
+        ([str(binary)], "not UTF-8 text"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--device", "cuda:99"], "cuda:99"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--device", "tpu"], "unknown device 'tpu'"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "temperature=inf"], "(finite), got 'inf'"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "cfg=nan"], "(finite), got 'nan'"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--cache-dir", str(tmp_path / "a-file" / "cache")],
+         "cache directory (--cache-dir)"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--teacher", "digits-ar-t2i", "--method", "sjd", "--device", "cuda"], "has no CUDA device"))
+    for args, message in cases:
+        extra = [] if "--cache-dir" in args else ["--cache-dir", str(tmp_path / "cache")]
+        assert cli.main(["run", "--tracking-uri", store, "--no-progress", *extra, *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, (args, err)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("experiment: x\ntrials: [{teacher: digits-ar-t2i, method: sjd}]\n")
+    assert cli.main(["suite", str(suite), "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
+                     "--out", str(tmp_path / "a-file" / "report")]) == 2
+    assert "report directory (--out)" in capsys.readouterr().err
+    assert not list((tmp_path / "cache").rglob("*.pt")) and not any((tmp_path / "store").iterdir())  # no work done
+
+
 def test_validation_happens_before_any_work(tmp_path, capsys):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     for bad in (["--param", "x=1"], ["--threads", "0"], ["--n-samples", "-3"]):

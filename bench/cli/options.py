@@ -19,6 +19,23 @@ def cache(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--cache-dir", help="cache root (default $ACCELBENCH_CACHE or ~/.cache/accelbench)")
 
 
+def open_cache(args):
+    """The cache of `--cache-dir`, its folder created and checked writable before any work."""
+    from bench.cache import DEFAULT_ROOT, Cache
+    from bench.config import writable_dir
+
+    return Cache(writable_dir(args.cache_dir or DEFAULT_ROOT, "cache directory (--cache-dir)"))
+
+
+def report_dir(args, experiment: str):
+    """The report folder of `--out` (default results/<experiment>), created and checked writable before any work."""
+    from pathlib import Path
+
+    from bench.config import writable_dir
+
+    return writable_dir(args.out or Path("results") / experiment, "report directory (--out)")
+
+
 def execution(sp: argparse.ArgumentParser, experiment: bool = False) -> None:
     """The options of every command that runs trials (run, suite, sweep, worker, lambada)."""
     store(sp, experiment)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from bench.cli import options
 
@@ -13,19 +12,18 @@ def cmd_report(args) -> int:
     from bench.tracking import tracking_uri
     from reports.report import write_report
 
-    path = write_report(tracking_uri(args.tracking_uri), args.experiment,
-                        Path(args.out or Path("results") / args.experiment), args.filter or "")
+    path = write_report(tracking_uri(args.tracking_uri), args.experiment, options.report_dir(args, args.experiment),
+                        args.filter or "")
     print(f"report: {path}")
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from bench.cache import Cache
     from bench.doctor import doctor
     from bench.tracking import Tracker, tracking_uri
 
     uri = tracking_uri(args.tracking_uri)
-    lines = doctor(Tracker(uri, options.DEFAULT_EXPERIMENT), Cache(args.cache_dir))
+    lines = doctor(Tracker(uri, options.DEFAULT_EXPERIMENT), options.open_cache(args))
     print("\n".join(lines) if lines else f"nothing to fix in {uri} and the cache")
     return 0
 

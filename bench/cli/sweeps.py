@@ -9,7 +9,6 @@ from bench.errors import UserError
 
 
 def _context(args, workers: int):
-    from bench.cache import Cache
     from bench.tracking import Tracker, tracking_uri
     from sweeps.spec import load_spec
     from sweeps.study import StorageOptions, default_storage
@@ -18,7 +17,7 @@ def _context(args, workers: int):
     storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
     opts = options.run_options(args)
     tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
-    return spec, storage, tracker, Cache(args.cache_dir), opts
+    return spec, storage, tracker, options.open_cache(args), opts
 
 
 def _worker_argv(args, storage_url: str) -> list[str]:

@@ -29,7 +29,6 @@ def _store_line(uri: str, args, experiment: str) -> str:
 
 
 def cmd_run(args) -> int:
-    from bench.cache import Cache
     from bench.runner import plan, run_trial
     from bench.tracking import Tracker, tracking_uri
 
@@ -39,7 +38,7 @@ def cmd_run(args) -> int:
         if m.unavailable:
             print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
     uri = tracking_uri(args.tracking_uri)
-    metrics = run_trial(p, cache=Cache(args.cache_dir), tracker=Tracker(uri, args.experiment), opts=opts)
+    metrics = run_trial(p, cache=options.open_cache(args), tracker=Tracker(uri, args.experiment), opts=opts)
     print(format_result(p.trial.method, p.reference, metrics))
     print("\n" + _store_line(uri, args, args.experiment))
     return 0
@@ -65,18 +64,17 @@ def format_result(method: str, reference: str, m: dict[str, float]) -> str:
 
 
 def cmd_suite(args) -> int:
-    from bench.cache import Cache
     from bench.suite import load_suite, run_suite
     from bench.tracking import Tracker, tracking_uri
     from reports.report import write_report
 
     suite = load_suite(args.file)  # every trial planned before anything runs
-    opts = options.run_options(args)
+    opts, cache, out = options.run_options(args), options.open_cache(args), options.report_dir(args, suite.experiment)
     uri = tracking_uri(args.tracking_uri)
     tracker = Tracker(uri, suite.experiment)
-    ran, skipped = run_suite(suite, tracker=tracker, cache=Cache(args.cache_dir), opts=opts, force=args.force)
+    ran, skipped = run_suite(suite, tracker=tracker, cache=cache, opts=opts, force=args.force)
     print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
-    path = write_report(uri, suite.experiment, Path(args.out or Path("results") / suite.experiment))
+    path = write_report(uri, suite.experiment, out)
     print(f"report: {path}")
     print(_store_line(uri, args, suite.experiment))
     return 0
@@ -84,7 +82,6 @@ def cmd_suite(args) -> int:
 
 def cmd_lambada(args) -> int:
     """LAMBADA-style task of a text teacher's corpus, as a runner task: planned, budgeted, logged as one run."""
-    from bench.cache import Cache
     from bench.registry import TEACHERS
     from bench.runner import execute, plan
     from bench.tracking import Tracker, tracking_uri
@@ -107,7 +104,7 @@ def cmd_lambada(args) -> int:
                              device=p.device)
         return {f"lambada.{k}": v for k, v in values.items()}
 
-    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=Cache(args.cache_dir),
+    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=options.open_cache(args),
                       tracker=Tracker(uri, args.experiment), opts=opts)
     print(f"{method} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
           f"acc {metrics['lambada.acc']:.4f}, perplexity {metrics['lambada.perplexity']:.2f}")
