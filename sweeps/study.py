@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import warnings
 from dataclasses import dataclass
 
 import optuna
@@ -115,6 +116,11 @@ def open_study(spec: StudySpec, storage, tracker: Tracker) -> optuna.Study:
     pruner = optuna.pruners.MedianPruner() if spec.pruner == "median" else optuna.pruners.NopPruner()
     study = optuna.create_study(study_name=spec.study, storage=storage, directions=spec.directions,
                                 sampler=make_sampler(spec), pruner=pruner, load_if_exists=True)
+    names = [o.metric for o in spec.objectives]
+    if study.metric_names != names:  # optuna-dashboard and the summaries label objectives with these, not "Objective 0"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable since Optuna 3.2
+            study.set_metric_names(names)
     if PARENT_ATTR not in study.user_attrs:
         run = tracker.client.create_run(tracker.experiment_id, run_name=f"study:{spec.study}",
                                         tags={"accelbench.kind": "study", "study_name": spec.study})
@@ -253,6 +259,8 @@ def summary(study: optuna.Study) -> list[str]:
     except (ValueError, RuntimeError):
         best = []
     label = "best trial" if len(study.directions) == 1 else "Pareto front"
+    names = study.metric_names or [f"objective {i}" for i in range(len(study.directions))]
     for t in best:
-        lines.append(f"  {label} #{t.number}: values={[round(v, 4) for v in t.values]} params={t.params}")
+        values = ", ".join(f"{n}={v:.4g}" for n, v in zip(names, t.values))
+        lines.append(f"  {label} #{t.number}: {values}; params={t.params}")
     return lines

@@ -102,6 +102,7 @@ def test_multi_objective_spec_yields_a_pareto_front(tmp_path, capsys):
     assert sweep(tmp_path, spec, storage) == 0
     study = optuna.load_study(study_name="s", storage=storage)
     assert len(study.directions) == 2 and study.best_trials
+    assert study.metric_names == ["speedup_steps", "nfe_per_sample"]  # what optuna-dashboard labels its axes with
     assert main(["studies", "--storage", storage]) == 0
     assert "Pareto front #" in capsys.readouterr().out
 
