@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -37,24 +38,43 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool) -> l
 
 
 def _label(r: TrialRun, runs: list[TrialRun], exclude=()) -> str:
-    """The run's method and the knobs that tell it apart, as in the table (runs with one label are averaged)."""
-    knobs = shown_knobs(r, runs, exclude)
-    return r.method if knobs == "—" else f"{r.method} {knobs}"
+    """The run's method and every knob and sampling setting that tells it apart from the method's other runs (as the
+    table's knobs and sampling columns do): runs with one label differ only in their seed, and are averaged."""
+    sampling = sorted({k for o in runs if o.method == r.method for k, v in o.ref_knobs.items()
+                       if v != r.ref_knobs.get(k) and k not in exclude})
+    parts = [p for p in (shown_knobs(r, runs, exclude), ", ".join(f"{k}={r.ref_knobs[k]}" for k in sampling))
+             if p and p != "—"]
+    return " ".join([r.method, ", ".join(parts)]) if parts else r.method
 
 
-def quality_points(runs: list[TrialRun], key: str) -> dict[str, tuple[float, float]]:
-    """label -> (ms / sample, quality), each the mean over the label's runs (seeds); the teacher per sampling setting."""
+class Point(NamedTuple):
+    """A plotted setting: means over its seeds and their spread (sample standard deviation; 0 for one seed)."""
+
+    ms: float
+    quality: float
+    ms_std: float
+    quality_std: float
+
+
+def _point(values: list[tuple[float, float]]) -> Point:
+    ts, qs = [t for t, _ in values], [q for _, q in values]
+    spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+    return Point(statistics.fmean(ts), statistics.fmean(qs), spread(ts), spread(qs))
+
+
+def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
+    """label -> its point (ms / sample, quality, and their seed spreads); the teacher per sampling setting. Runs share
+    a label only when they differ in the seed alone (`_label`), so no point averages two settings."""
     varying = sorted({k for r in runs for k, v in r.ref_knobs.items() if any(o.ref_knobs.get(k) != v for o in runs)})
     groups: dict = {}
     for r in runs:
-        label = _label(r, runs)
         if key in r.metrics:
-            groups.setdefault(label, []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
+            groups.setdefault(_label(r, runs), []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
         if f"ref/{key}" in r.metrics:
             setting = "".join(f", {k}={r.ref_knobs[k]}" for k in varying)
-            groups.setdefault(f"{r.reference} (teacher{setting})", []).append(
-                (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
-    return {label: (statistics.fmean(t for t, _ in v), statistics.fmean(q for _, q in v))
+            by_seed = groups.setdefault(f"{r.reference} (teacher{setting})", {})  # one reference arm per seed
+            by_seed.setdefault(r.seed, (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
+    return {label: _point(list(v.values()) if isinstance(v, dict) else v)
             for label, v in sorted(groups.items(), key=lambda kv: natural(kv[0]))}
 
 
@@ -65,11 +85,12 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     key, higher = quality[0]
     points = quality_points(runs, key)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (label, (t, q)) in enumerate(points.items()):
-        ax.scatter([t], [q], label=label, marker=MARKERS[i // 10 % len(MARKERS)])  # the colour cycle repeats at 10
-    front = pareto_front(list(points.values()), higher)
+    for i, (label, p) in enumerate(points.items()):  # error bars: the spread over seeds
+        ax.errorbar([p.ms], [p.quality], xerr=[p.ms_std], yerr=[p.quality_std], label=label, capsize=2, lw=0.8,
+                    fmt=MARKERS[i // 10 % len(MARKERS)])  # the colour cycle repeats at 10
+    front = pareto_front([(p.ms, p.quality) for p in points.values()], higher)
     ax.plot([t for t, _ in front], [q for _, q in front], "k--", lw=1, label="Pareto front")
-    ax.set_xlabel("ms / sample (median, mean over seeds)")
+    ax.set_xlabel("ms / sample (median; mean ± std over seeds)")
     ax.set_ylabel(f"{key} ({'higher' if higher else 'lower'} is better)")
     ax.set_title(f"{teacher}: quality vs wall time")
     ax.legend(fontsize=7)

@@ -1,4 +1,6 @@
 """Reports are a pure function of the MLflow store: exact cells, ± formatting, speed-up arithmetic, stable bytes."""
+import statistics
+
 import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -111,9 +113,26 @@ def test_plot_points_keep_apart_runs_that_differ_in_a_non_key_knob():
     runs = [dd(0, "64", 4.0), dd(1, "64", 4.2), dd(0, "-1", 1.9), dd(1, "-1", 1.7)]
     points = quality_points(runs, "fid")
     assert points.keys() == {"dd steps=1, t2=0, ts=0, split=64", "dd steps=1, t2=0, ts=0, split=-1", "ar (teacher)"}
-    assert points["dd steps=1, t2=0, ts=0, split=64"] == pytest.approx((3.0, 4.1))
-    assert points["dd steps=1, t2=0, ts=0, split=-1"] == pytest.approx((3.0, 1.8))
-    assert points["ar (teacher)"] == pytest.approx((70.0, 1.3))
+    assert points["dd steps=1, t2=0, ts=0, split=64"] == pytest.approx((3.0, 4.1, 0.0, statistics.stdev([4.0, 4.2])))
+    assert points["dd steps=1, t2=0, ts=0, split=-1"][:2] == pytest.approx((3.0, 1.8))
+    assert points["ar (teacher)"] == pytest.approx((70.0, 1.3, 0.0, 0.0))
+
+
+def test_plot_points_keep_apart_runs_that_differ_in_a_sampling_setting():
+    """Greedy and sampling Jacobi share their method knobs; `greedy` is a sampling setting (the table's own column):
+    two points, never their mean, and the teacher once per setting."""
+    def jacobi(seed, greedy, fid, ref_fid):
+        knobs = {"window": "16", "greedy": greedy, "cfg": "1.0"}
+        metrics = {"sec_per_sample_median": 0.03, "fid": fid, "ref/sec_per_sample_median": 0.03, "ref/fid": ref_fid}
+        return TrialRun("digits-ar-t2i", "jacobi", seed, 100, knobs, {"greedy": greedy, "cfg": "1.0"}, "ar", metrics,
+                        {"higher_is_better.fid": "false"}, key_knobs=("window", "greedy"))
+
+    runs = [jacobi(0, "True", 6.6, 6.6), jacobi(1, "True", 6.7, 6.7), jacobi(0, "False", 2.6, 2.5),
+            jacobi(1, "False", 2.8, 2.4)]
+    points = quality_points(runs, "fid")
+    assert points.keys() == {"jacobi window=16, greedy=True", "jacobi window=16, greedy=False",
+                             "ar (teacher, greedy=True)", "ar (teacher, greedy=False)"}
+    assert points["jacobi window=16, greedy=False"][:2] == pytest.approx((30.0, 2.7))
 
 
 def test_an_unknown_experiment_lists_the_ones_the_store_has(store, tmp_path, capsys):
