@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from bench.budget import budget
 from bench.cache import Cache
-from bench.config import build_config, config_dict
+from bench.config import build_config, config_dict, knobs
 from bench.envinfo import environment_tags, resolve_device
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
@@ -107,6 +107,9 @@ def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
                         f"teacher {teacher!r} generates {teacher_cls.modality}")
 
 
+RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference", "warmup", "threads"})
+
+
 def plan(trial: Trial) -> Plan:
     """Validate a trial before any work: names, family and modality, knobs, batch size, device, the teacher's files."""
     teacher_cls = TEACHERS.get(trial.teacher)
@@ -119,7 +122,11 @@ def plan(trial: Trial) -> Plan:
             raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
                             f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
     owner = f"method {trial.method!r}"
-    config = build_config(method_cls.config_class(teacher_cls.family), trial.params, owner=owner)
+    config_cls = method_cls.config_class(teacher_cls.family)
+    clash = sorted(set(knobs(config_cls)) & RUN_FIELDS)
+    if clash:  # a programming error in the method: its knob would overwrite a run's field in MLflow
+        raise TypeError(f"{config_cls.__name__}: knob {clash[0]!r} is named like a trial field; rename it")
+    config = build_config(config_cls, trial.params, owner=owner)
     if teacher_cls.family.check is not None:
         try:
             teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
@@ -249,12 +256,16 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
                 "family": str(p.teacher_cls.family), **environment_tags(p.device), **(tags or {})}) as log:
             if on_start is not None:
                 on_start(log.run_id)
+            # Knobs under their own names, so that the MLflow UI filters them as `params.window = '16'`; trial fields
+            # and run settings beside them (a knob may not be named like one: `plan` refuses the config class).
             params = {k: v for k, v in t.to_dict().items() if k != "params"}
-            params.update({f"params.{k}": v for k, v in t.params.items()})
+            params.update(t.params)
             params.update({f"ref.{k}": v for k, v in config_dict(p.sampling).items()})
             params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
                            "threads": opts.threads})
-            log.log(params=params)
+            log.log(params=params, tags={"accelbench.knobs": ",".join(sorted(t.params))})
+            if hasattr(p.teacher_cls, "evaluation_data"):
+                log.log_dataset(*p.teacher_cls.evaluation_data())
             method = p.method_cls(teacher, p.config)
             with threads(training_threads):
                 fit_info = method.fit(cache=cache)
@@ -268,8 +279,15 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
     """Run one planned trial and log it as one MLflow run; returns the logged metrics. `tags` are added to the run
     (a sweep's parent run id, study and trial number)."""
     t = p.trial
-    return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=f"{t.method}:{t.teacher}:s{t.seed}",
-                   cache=cache, tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+    return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
+                   tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+
+
+def run_name(p: Plan) -> str:
+    """e.g. "sjd[window=16,init=random] digits-ar-t2i s0": the MLflow UI's run column tells settings apart."""
+    t = p.trial
+    shown = ",".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
+    return f"{t.method}[{shown}] {t.teacher} s{t.seed}" if shown else f"{t.method} {t.teacher} s{t.seed}"
 
 
 def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:

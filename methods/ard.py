@@ -57,7 +57,7 @@ class ARDConfig:
     batch: int = 64
     lr: float = 1e-3
     ema: float = 0.999
-    seed: int = 0
+    train_seed: int = 0  # of the trajectories' noise and of training
     # R+D (`methods.ard_gan`): discriminator fine-tune steps after the regression, 0 = off (the paper's default)
     gan_steps: int = 0
     gan_weight: float = 10.0  # ld, the multiplier of the adaptive weight
@@ -164,8 +164,8 @@ class ARD(Method):
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
         c, t0 = self.config, time.perf_counter()
-        trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.seed, cache=cache)
-        held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.seed + 1, cache=cache)
+        trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.train_seed, cache=cache)
+        held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.train_seed + 1, cache=cache)
         traj_seconds = time.perf_counter() - t0
         gan = ("gan_steps", "gan_weight", "gan_warmup", "disc_lr")  # without R+D they change nothing
         knobs = {k: v for k, v in config_dict(c).items() if c.gan_steps or k not in gan}
@@ -194,8 +194,8 @@ class ARD(Method):
         device = self.teacher.network.pos_embed.device
         inputs, targets = (t.to(device) for t in trajs.pairs(self.knots, c.target))
         y = trajs.cond[:, 0].to(device)
-        g = torch.Generator(device).manual_seed(c.seed)
-        with seeded(c.seed):
+        g = torch.Generator(device).manual_seed(c.train_seed)
+        with seeded(c.train_seed):
             student = self._new_student()
         ema = self._new_student().requires_grad_(False)
         ema.load_state_dict(student.state_dict())
@@ -212,7 +212,7 @@ class ARD(Method):
             real = load_image_dataset(t.dataset_name, "train", t.image_size)
             info |= finetune(student, t.network, inputs, targets, y, (real.images * 2 - 1).to(device),
                              real.labels.to(device), steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr,
-                             scale=c.gan_weight, warmup=c.gan_warmup, generator=g, seed=c.seed,
+                             scale=c.gan_weight, warmup=c.gan_warmup, generator=g, seed=c.train_seed,
                              on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))
         info["train_seconds"] = time.perf_counter() - t0
         return {"state_dict": {k: v.cpu() for k, v in ema.state_dict().items()}, "info": info}

@@ -56,7 +56,7 @@ class DDConfig(PairKnobs):
     t2: int = 0  # intermediate timestep (1-based: t2 - 1 tokens known); 0 = round(81/256 * n), the paper's ratio
     ts: int = 0  # > 0: pre-trained-ts-t2, the teacher re-generates tokens ts..t2-1 between the two steps (Alg. 4)
     split: int = -1  # positions < split read the logits head, the rest the embedding head; -1 = SPLIT_FRACTION * n
-    # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, seed
+    # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, train_seed
     train_steps: int = 2000  # pairs + training: 11.6 min on 2 cores for digits-ar-c2i (3000 steps: over 15 min)
     batch: int = 128
     lr: float = 1e-3
@@ -84,7 +84,7 @@ class DDConfig(PairKnobs):
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
 
 
-TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "seed")  # with the pairs: the student
+TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "train_seed")  # with the pairs: the student
 
 
 def _ema_with_warmup(decay: float):
@@ -127,7 +127,7 @@ class DD(Method):
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
                     STUDENT_VERSION)
         blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(pairs))
-        with seeded(cfg.seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
+        with seeded(cfg.train_seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
             self.student = DDStudent(self.teacher.network, self.teacher.codebook)
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
@@ -138,8 +138,8 @@ class DD(Method):
         """Algorithm 2 on the teacher's device (the pairs stay on the CPU; each batch is moved)."""
         cfg, t0 = self.config, time.perf_counter()
         device = self.teacher.codebook.device
-        g = torch.Generator(device).manual_seed(cfg.seed)
-        with seeded(cfg.seed):  # dropout and new-module init draw from the global generators
+        g = torch.Generator(device).manual_seed(cfg.train_seed)
+        with seeded(cfg.train_seed):  # dropout and new-module init draw from the global generators
             student = DDStudent(self.teacher.network, self.teacher.codebook, cfg.dropout)
             ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
             params = [p for p in student.parameters() if p.requires_grad]

@@ -42,7 +42,7 @@ class PairKnobs:
     n_pairs: int = PairConfig.n_pairs
     solver: Solver = FlowConfig.solver
     solver_steps: int = FlowConfig.steps
-    seed: int = PairConfig.seed  # of the pairs' conditions and noise
+    train_seed: int = PairConfig.seed  # of the pairs' conditions and noise (and of DD's training)
 
     def __post_init__(self):
         if self.n_pairs < 1 or self.solver_steps < 1:
@@ -53,7 +53,7 @@ class PairKnobs:
     @property
     def pairs(self) -> PairConfig:
         return PairConfig(n_pairs=self.n_pairs, flow=FlowConfig(solver=self.solver, steps=self.solver_steps),
-                          seed=self.seed)
+                          seed=self.train_seed)
 
 
 @dataclass

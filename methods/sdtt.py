@@ -94,7 +94,7 @@ class SDTTConfig:
     lr: float = 3e-4
     warmup: int = 50
     ema: float = 0.999
-    seed: int = 0
+    train_seed: int = 0
     # the causal LM with a KV cache, trained on the same chunks, sampled in the same run as the "ar" arm
     ar_arm: bool = True
     ar_top_p: float = 1.0
@@ -121,7 +121,7 @@ class SDTTConfig:
         return md.SamplingConfig(steps, self.sampling.cache)
 
 
-TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "warmup", "ema", "seed")
+TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "warmup", "ema", "train_seed")
 
 
 class SDTT(Method):
@@ -156,8 +156,8 @@ class SDTT(Method):
         mask_id, T = self.teacher.mask_id, cfg.sampling.steps // cfg.distill_steps ** (r - 1)
         delta = (1 - md.SAMPLING_EPS) / T
         data = self.teacher.training_chunks(cache)  # on the teacher's device, where everything below runs
-        g = torch.Generator(data.device).manual_seed(cfg.seed * 1000 + r)
-        with seeded(cfg.seed * 1000 + r):  # dropout draws from the global generators
+        g = torch.Generator(data.device).manual_seed(cfg.train_seed * 1000 + r)
+        with seeded(cfg.train_seed * 1000 + r):  # dropout draws from the global generators
             student = copy.deepcopy(self.teacher.network).train().requires_grad_(True)
             ema = copy.deepcopy(self.teacher.network).requires_grad_(False)
             opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)

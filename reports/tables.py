@@ -33,7 +33,10 @@ class TrialRun:
     @classmethod
     def from_mlflow(cls, run) -> "TrialRun":
         p, tags = run.data.params, run.data.tags
-        knobs = {k[len("params."):]: v for k, v in p.items() if k.startswith("params.")}
+        if "accelbench.knobs" in tags:  # knobs logged under their own names
+            knobs = {k: p[k] for k in tags["accelbench.knobs"].split(",") if k in p}
+        else:  # a store written before knobs had their own names: "params.<knob>"
+            knobs = {k[len("params."):]: v for k, v in p.items() if k.startswith("params.")}
         ref = {k[len("ref."):]: v for k, v in p.items() if k.startswith("ref.")}
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),

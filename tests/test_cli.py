@@ -47,7 +47,16 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert m["ref/nfe_per_sample"] == 64 and m["nfe_per_sample"] <= 64
     assert m["speedup_steps"] == pytest.approx(m["ref/nfe_per_sample"] / m["nfe_per_sample"])
     assert m["speedup_wall"] == pytest.approx(m["ref/sec_per_sample_median"] / m["sec_per_sample_median"])
-    assert p["params.window"] == "4" and p["n_samples"] == "6" and p["seed"] == "3" and p["reference"] == "ar"
+    assert p["window"] == "4" and p["n_samples"] == "6" and p["seed"] == "3" and p["reference"] == "ar"
+    # What the MLflow UI shows: the runs table (a model-development experiment, described), runs named by their key
+    # knobs, knobs filterable by their own names, the evaluation data as a dataset input.
+    exp = client.get_experiment_by_name("accelbench")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and "speedup_wall" in exp.tags[
+        "mlflow.note.content"]
+    assert run.info.run_name == "sjd[window=4,init=random] digits-ar-t2i s3"
+    assert [r.info.run_id for r in client.search_runs([exp.experiment_id], "params.window = '4'")] == [run.info.run_id]
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.name == "digits-test-16px" and dataset.tags[0].value == "evaluation"
     for tag in ("trial_key", "git_sha", "torch_version", "mlflow_version", "cpu", "torch_threads", "device"):
         assert tags.get(tag), tag
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -86,7 +95,7 @@ def test_cspd_trial_end_to_end(tiny_recipe, store, tmp_path):
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
     m, p = run.data.metrics, run.data.params
-    assert run.info.status == "FINISHED" and p["params.mode"] == "exact" and p["ref.final_noise"] == "True"
+    assert run.info.status == "FINISHED" and p["mode"] == "exact" and p["ref.final_noise"] == "True"
     for key in ("acceptance_rate", "draft_nfe_per_sample", "head_chains_per_sample", "resample_tries_per_sample",
                 "resample_exhausted_per_sample", "fid.digits-cnn", "ref/fid.digits-cnn", "speedup_steps"):
         assert key in m, key

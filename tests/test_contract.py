@@ -9,6 +9,7 @@ from bench.config import build_config, knobs
 from bench.errors import UserError
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
+from bench.runner import RUN_FIELDS
 from methods.base import OwnSampler
 from teachers.families import ar_token, continuous_ar, masked_diffusion, ode_diffusion
 from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher,
@@ -61,7 +62,8 @@ def test_method_entry(name, tmp_path):
         cfg = config_cls()  # defaults are valid
         assert dataclasses.is_dataclass(cfg) and config_cls.__dataclass_params__.frozen
         assert isinstance(cls.sampling_of(cfg), family.SamplingConfig)  # what the reference arm samples with
-        knobs(config_cls)  # no knob declared twice (a method knob named like a sampling setting)
+        # no knob declared twice (a method knob named like a sampling setting) nor named like a trial field
+        assert not set(knobs(config_cls)) & RUN_FIELDS
         with pytest.raises(UserError, match="no_such_knob"):
             build_config(config_cls, {"no_such_knob": 1}, owner=name)
         fast = build_config(config_cls, FAST_FIT.get(name, {}), owner=name)

@@ -95,5 +95,5 @@ def test_a_plugin_method_and_teacher_run_through_the_cli(tmp_path):
     assert sorted(r.data.params["method"] for r in runs) == ["ar", "sjd-left"]
     assert all(r.info.status == "FINISHED" and "entropy.tokens" in r.data.metrics for r in runs)
     (sjd_left,) = [r for r in runs if r.data.params["method"] == "sjd-left"]
-    assert sjd_left.data.params["params.init"] == "repeat-left" and sjd_left.data.params["reference"] == "ar"
+    assert sjd_left.data.params["init"] == "repeat-left" and sjd_left.data.params["reference"] == "ar"
     assert sjd_left.data.metrics["ref/nfe_per_sample"] == 8 and sjd_left.data.metrics["nfe_per_sample"] <= 8

@@ -13,13 +13,18 @@ SJD_KNOBS = {"window": "16", "init": "random", "top_k": "0", "temperature": "1.0
 REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"}
 
 
-def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1):
+def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False):
+    """A trial run as the runner logs it (knobs under their own names, listed in a tag), or, `legacy`, as runs before
+    that did (knobs as "params.<knob>")."""
     tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
             "torch_version": "2.14.1", "cpu": "Test CPU", "torch_threads": "1", "device": "cpu",
             "python": "3.11.7", "key_knobs": "window,init" if method == "sjd" else "window,greedy"}
+    if not legacy:
+        tags["accelbench.knobs"] = ",".join(sorted(knobs))
     run = client.create_run(exp_id, start_time=1_790_000_000_000 + day * 86_400_000, tags=tags)
     params = {"teacher": "digits-ar-t2i", "method": method, "seed": seed, "reference": "ar", "n_samples": 100,
-              **{f"params.{k}": v for k, v in knobs.items()}, **{f"ref.{k}": v for k, v in REF_KNOBS.items()}}
+              **{f"params.{k}" if legacy else k: v for k, v in knobs.items()},
+              **{f"ref.{k}": v for k, v in REF_KNOBS.items()}}
     metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
                "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
                "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe}
@@ -41,7 +46,8 @@ def store(tmp_path):
     # SJD W=16 over three seeds, with FID on both arms.
     log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, fid=2.0, ref_fid=2.5, day=1)
     log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=25.0, ref_ms=40.0, nfe=32.0, fid=3.0, ref_fid=2.5, day=2)
-    log_trial(client, exp, "sjd", 2, SJD_KNOBS, ms=20.0, ref_ms=44.0, nfe=34.0, fid=4.0, ref_fid=2.8, day=3)
+    log_trial(client, exp, "sjd", 2, SJD_KNOBS, ms=20.0, ref_ms=44.0, nfe=34.0, fid=4.0, ref_fid=2.8, day=3,
+              legacy=True)  # a run of an older store reads the same
     # A Jacobi run without FID: its quality cell must be blank, never zero.
     jacobi = log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False", "top_k": "0",
                                                   "temperature": "1.0", "cfg": "1.0"}, ms=40.0, ref_ms=40.0, nfe=60.0,

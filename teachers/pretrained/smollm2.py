@@ -117,6 +117,11 @@ class SmolLM2Instruct(HFCausalLMTeacher):
                           NEW_TOKENS, VERSION)
 
     @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        return f"{CORPUS}-test-prompts", {"corpus": CORPUS, "split": "test", "prompt_tokens": PROMPT_TOKENS,
+                                          "new_tokens": NEW_TOKENS, "tokenizer": NAME}
+
+    @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "SmolLM2Instruct":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -20,6 +20,13 @@ class RecipeTeacher:
         return config_key(dataclasses.asdict(cls.recipe), cls.recipe_version)
 
     @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        """(name, source) of the data a trial's metrics compare samples with: the dataset's test split at the
+        teacher's size (the MLflow dataset input of every run)."""
+        r = cls.recipe
+        return f"{r.dataset}-test-{r.image_size}px", {"dataset": r.dataset, "split": "test", "image_size": r.image_size}
+
+    @classmethod
     def _fit(cls, name: str, cache: Cache) -> dict:
         """Train from the recipe: {..., "info": {figures to log}}. `cache` holds what training builds on (e.g. a text
         corpus' tokenizer), not the result."""

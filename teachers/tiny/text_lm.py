@@ -68,6 +68,12 @@ class TextTeacher(RecipeTeacher):
         self.vocab_size = tokenizer.vocab_size
         self.grid = (self.seq_len,)
 
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        d = cls.recipe.data
+        return f"{d.corpus}-test", {"corpus": d.corpus, "split": "test", "seq_len": d.seq_len,
+                                    "vocab_size": d.vocab_size}
+
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """Unconditional generation: n empty conditions, (n, 0), on the generator's device."""
         return torch.zeros(n, 0, dtype=torch.long, device=generator.device)
