@@ -92,7 +92,7 @@ class SDTTConfig:
     iters_per_round: int = 500
     batch: int = 32
     lr: float = 3e-4
-    warmup: int = 50
+    lr_warmup: int = 50  # iterations of linear learning-rate warm-up
     ema: float = 0.999
     train_seed: int = 0
     # the causal LM with a KV cache, trained on the same chunks, sampled in the same run as the "ar" arm
@@ -108,8 +108,8 @@ class SDTTConfig:
         if self.sampling.steps % self.distill_steps ** self.rounds:
             raise ValueError(f"steps={self.sampling.steps} must be divisible by distill_steps^rounds = "
                              f"{self.distill_steps ** self.rounds}")
-        if self.student_steps < 0 or self.warmup < 0:
-            raise ValueError(f"student_steps and warmup must be >= 0, got {self.student_steps}, {self.warmup}")
+        if self.student_steps < 0 or self.lr_warmup < 0:
+            raise ValueError(f"student_steps and lr_warmup must be >= 0, got {self.student_steps}, {self.lr_warmup}")
         if not (self.lr > 0 and 0 <= self.ema < 1 and 0 < self.ar_top_p <= 1):
             raise ValueError(f"need lr > 0, 0 <= ema < 1, 0 < ar_top_p <= 1; got {self.lr}, {self.ema}, "
                              f"{self.ar_top_p}")
@@ -121,7 +121,8 @@ class SDTTConfig:
         return md.SamplingConfig(steps, self.sampling.cache)
 
 
-TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "warmup", "ema", "train_seed")
+TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "lr_warmup", "ema",
+               "train_seed")
 
 
 class SDTT(Method):
@@ -166,7 +167,7 @@ class SDTT(Method):
                 ema.load_state_dict(prev["ema"])
                 opt.load_state_dict(prev["opt"])
             step0 = (r - 1) * cfg.iters_per_round
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (step0 + s + 1) / max(1, cfg.warmup)))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (step0 + s + 1) / max(1, cfg.lr_warmup)))
             teacher = copy.deepcopy(student).eval().requires_grad_(False)
             losses = []
             for i in range(cfg.iters_per_round):

@@ -76,7 +76,7 @@ def trained_teacher():
 @pytest.mark.parametrize("kind, factor", [("mse", 0.9), ("kld", 1.0)])
 def test_a_round_brings_the_students_step_closer_to_two_teacher_steps(kind, factor, trained_teacher, tmp_path):
     cfg = make_config(SDTTConfig, steps=4, rounds=1, divergence=kind, iters_per_round=300, batch=64, lr=5e-4,
-                      warmup=10, ema=0.0, ar_arm=False)
+                      lr_warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
     method.fit(cache=Cache(tmp_path))
@@ -91,7 +91,7 @@ def test_a_wrong_sign_divergence_moves_the_student_away(trained_teacher, tmp_pat
     real = sdtt.divergence
     monkeypatch.setattr(sdtt, "divergence", lambda s, t, kind: -real(s, t, kind))
     cfg = make_config(SDTTConfig, steps=4, rounds=1, divergence="mse", iters_per_round=100, batch=64, lr=5e-4,
-                      warmup=10, ema=0.0, ar_arm=False)
+                      lr_warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
     method.fit(cache=Cache(tmp_path))
