@@ -1,7 +1,9 @@
 """Content-addressed on-disk cache for trained teachers, students, trajectories and reference statistics.
 
 Entries live at `<root>/<kind>/<key>.pt`: a header line naming the kind, the key, the payload's size and sha256, then
-the `torch.save` payload. A file whose header does not match its name or its payload (truncated, corrupted, written
+the `torch.save` payload. An entry the cache lacks is taken from the model zoo shipped with the project (`Zoo`:
+trained teachers and students, compressed, listed with their sha256 in `zoo/manifest.json`) when the zoo has that
+kind and key, and copied into the cache; otherwise it is built. A file whose header does not match its name or its payload (truncated, corrupted, written
 by another version) is reported on stderr, deleted and rebuilt, never loaded. Writes go to a temp file in the same
 directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM, SIGKILL) never leaves an entry; a
 build holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes building one key at once build it
@@ -14,6 +16,7 @@ import fcntl
 import hashlib
 import io
 import json
+import lzma
 import os
 import sys
 import tempfile
@@ -25,6 +28,8 @@ import torch
 
 DEFAULT_ROOT = Path(os.environ.get("ACCELBENCH_CACHE", Path.home() / ".cache" / "accelbench"))
 MAGIC = b"ACCELBENCH-CACHE/1\n"
+ZOO_ENV = "ACCELBENCH_ZOO"  # the model zoo's folder; "off": none (every entry is built)
+PROJECT_ZOO = Path(__file__).resolve().parent.parent / "zoo"
 
 
 def config_key(*parts: Any) -> str:
@@ -68,9 +73,43 @@ def decode(kind: str, key: str, data: bytes) -> Any:
         raise CorruptEntry(f"payload does not load: {type(exc).__name__}: {exc}") from None
 
 
+class Zoo:
+    """Cache entries shipped with the project: `<folder>/manifest.json` lists each one's kind, key, file (the entry's
+    bytes, xz-compressed), sha256 and size of the decompressed entry, and what built it (`accelbench zoo build`)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        manifest = self.folder / "manifest.json"
+        self.entries = ({(e["kind"], e["key"]): e for e in json.loads(manifest.read_text())["entries"]}
+                        if manifest.is_file() else {})
+
+    @classmethod
+    def default(cls) -> "Zoo | None":
+        """The zoo named by ACCELBENCH_ZOO, else the project's own; None when it is "off"."""
+        setting = os.environ.get(ZOO_ENV, "")
+        return None if setting == "off" else cls(setting or PROJECT_ZOO)
+
+    def entry_bytes(self, kind: str, key: str) -> bytes | None:
+        """The decompressed entry, checked against the manifest; None when the zoo has no such entry."""
+        e = self.entries.get((kind, key))
+        if e is None:
+            return None
+        try:
+            data = lzma.decompress((self.folder / e["file"]).read_bytes())
+        except (OSError, lzma.LZMAError) as exc:
+            raise CorruptEntry(f"zoo file {e['file']} does not read: {exc}") from None
+        if len(data) != e["bytes"] or hashlib.sha256(data).hexdigest() != e["sha256"]:
+            raise CorruptEntry(f"zoo file {e['file']} does not match its sha256 in the manifest")
+        return data
+
+
+_DEFAULT = object()
+
+
 class Cache:
-    def __init__(self, root: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike | None = None, zoo: Zoo | None = _DEFAULT):
         self.root = Path(root) if root is not None else DEFAULT_ROOT
+        self.zoo = Zoo.default() if zoo is _DEFAULT else zoo
 
     def path(self, kind: str, key: str) -> Path:
         return self.root / kind / f"{key}.pt"
@@ -81,7 +120,7 @@ class Cache:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return None
+            return self._from_zoo(kind, key)
         try:
             return decode(kind, key, data)
         except CorruptEntry as exc:
@@ -89,20 +128,38 @@ class Cache:
             path.unlink(missing_ok=True)
             return None
 
+    def _from_zoo(self, kind: str, key: str) -> Any | None:
+        """The zoo's entry of this kind and key, copied into the cache; None when the zoo has none (or a bad one)."""
+        if self.zoo is None:
+            return None
+        try:
+            data = self.zoo.entry_bytes(kind, key)
+            obj = None if data is None else decode(kind, key, data)
+        except CorruptEntry as exc:
+            print(f"accelbench: model zoo entry {kind}/{key} is unusable ({exc}); building it instead", file=sys.stderr)
+            return None
+        if obj is not None:
+            self._write(self.path(kind, key), data)
+        return obj
+
     def save(self, kind: str, key: str, obj: Any) -> Path:
         path = self.path(kind, key)
+        self._write(path, encode(kind, key, obj))
+        return path
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """`data` at `path`, atomically (a temp file in the same folder, renamed into place)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(encode(kind, key, obj))
+                fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return path
 
     @contextlib.contextmanager
     def lock(self, kind: str, key: str, wait: bool = True) -> Iterator[bool]:

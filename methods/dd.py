@@ -31,7 +31,7 @@ from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_decay, optimizer_step, warmup_cosine
 from methods.base import Method
-from methods.dd_pairs import PairKnobs, Pairs, generate_pairs, rollout
+from methods.dd_pairs import PairKnobs, generate_pairs, rollout
 from methods.dd_student import DDStudent
 from teachers.families import ar_token
 from teachers.families.ar_token import draw
@@ -119,24 +119,25 @@ class DD(Method):
         self.student: DDStudent | None = None
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
+        """The student, cached; the pairs are generated (or loaded) only when it has to be trained."""
         cfg = self.config
-        t0 = time.perf_counter()
-        pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache)
-        pair_seconds = time.perf_counter() - t0
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
                     STUDENT_VERSION)
-        blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(pairs))
+        blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(cache))
         with seeded(cfg.train_seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
             self.student = DDStudent(self.teacher.network, self.teacher.codebook)
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
-        return {**{f"pairs_{k}": float(v) for k, v in pairs.info.items()}, "pairs_load_seconds": pair_seconds,
-                **{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
+        return {**{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
 
-    def _train(self, pairs: Pairs) -> dict:
+    def _train(self, cache: Cache) -> dict:
         """Algorithm 2 on the teacher's device (the pairs stay on the CPU; each batch is moved)."""
         cfg, t0 = self.config, time.perf_counter()
+        pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache, noise=True)
+        pairs_info = {f"pairs_{k}": float(v) for k, v in pairs.info.items()} | {
+            "pairs_load_seconds": time.perf_counter() - t0}
+        t0 = time.perf_counter()
         device = self.teacher.codebook.device
         g = torch.Generator(device).manual_seed(cfg.train_seed)
         with seeded(cfg.train_seed):  # dropout and new-module init draw from the global generators
@@ -159,8 +160,8 @@ class DD(Method):
                 loss = cfg.ce_weight * ce + mse
                 optimizer_step(loss, opt, sched, params)
                 ema.update_parameters(student)
-        info = {"train_seconds": time.perf_counter() - t0, "train_ce": ce.item(), "train_mse": mse.item(),
-                "n_params": sum(p.numel() for p in params)}
+        info = {**pairs_info, "train_seconds": time.perf_counter() - t0, "train_ce": ce.item(),
+                "train_mse": mse.item(), "n_params": sum(p.numel() for p in params)}
         return {"state_dict": {k: v.cpu() for k, v in ema.module.state_dict().items()}, "info": info}
 
     @torch.inference_mode()

@@ -58,7 +58,7 @@ class PairKnobs:
 
 @dataclass
 class Pairs:
-    noise: torch.Tensor  # (N, n, C) float32: X_1 = (eps_1 .. eps_n)
+    noise: torch.Tensor | None  # (N, n, C) float32: X_1 = (eps_1 .. eps_n); None unless asked for
     tokens: torch.Tensor  # (N, n) long: X_{n+1}, the teacher's tokens for that noise
     cond: torch.Tensor  # (N, P) long
     info: dict = field(default_factory=dict)  # seconds, n_pairs, cached
@@ -96,31 +96,40 @@ def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: Sampli
                    lambda i, probs: flow_map(noise[:, i], probs, codebook, flow))
 
 
-def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache) -> Pairs:
+def pair_inputs(teacher, cfg: PairConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs' conditions (N, P) and noise (N, n, C), drawn on the CPU from `cfg.seed`, a batch at a time.
+
+    On the CPU whatever the device: the pair dataset is cached under a key without the device, so its inputs must be
+    the same everywhere; and drawing them again takes a fraction of a second, so the cache keeps the tokens and the
+    conditions, not the noise (20k x n x C floats: the entry ships in the model zoo without it)."""
+    g, C = torch.Generator().manual_seed(cfg.seed), teacher.codebook.shape[1]
+    conds, noise = [], []
+    for start in range(0, cfg.n_pairs, cfg.batch):
+        b = min(cfg.batch, cfg.n_pairs - start)
+        conds.append(teacher.conditions(b, g).cpu())
+        noise.append(torch.randn(b, teacher.seq_len, C, generator=g))  # (b, n, C)
+    return torch.cat(conds), torch.cat(noise)
+
+
+def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache, noise: bool = False) -> Pairs:
     """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg
-    (methods with different knobs of their own share the pairs)."""
+    (methods with different knobs of their own share the pairs); the noise only with `noise` (DD's training)."""
     key = keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION)
     blob, cached = cache.get_or_build("dd-pairs", key, lambda: _generate(teacher, s, cfg))
-    return _as_pairs(blob, cached)
+    eps = None
+    if noise:
+        cond, eps = pair_inputs(teacher, cfg)
+        if not torch.equal(cond, blob["cond"]):
+            raise RuntimeError(f"dd-pairs {key}: the conditions drawn again from seed {cfg.seed} differ from the "
+                               f"cached ones; delete the entry")
+    return Pairs(eps, blob["tokens"].long(), blob["cond"], {**blob["info"], "cached": cached})
 
 
 def _generate(teacher, s: SamplingConfig, cfg: PairConfig) -> dict:
-    t0 = time.perf_counter()
-    device = teacher.codebook.device
-    g = torch.Generator(device).manual_seed(cfg.seed)
-    C = teacher.codebook.shape[1]
-    noise, tokens, conds = [], [], []
-    for start in range(0, cfg.n_pairs, cfg.batch):
-        b = min(cfg.batch, cfg.n_pairs - start)
-        cond = teacher.conditions(b, g).to(device)
-        eps = torch.randn(b, teacher.seq_len, C, generator=g, device=device)  # (b, n, C)
-        noise.append(eps.cpu())
-        tokens.append(map_noise(teacher, eps, cond, s, cfg.flow).cpu())
-        conds.append(cond.cpu())
+    t0, device = time.perf_counter(), teacher.codebook.device
+    cond, noise = pair_inputs(teacher, cfg)
+    tokens = [map_noise(teacher, noise[i : i + cfg.batch].to(device), cond[i : i + cfg.batch].to(device), s,
+                        cfg.flow).cpu() for i in range(0, cfg.n_pairs, cfg.batch)]
     dtype = torch.int16 if teacher.vocab_size <= torch.iinfo(torch.int16).max else torch.int32
-    return {"noise": torch.cat(noise), "tokens": torch.cat(tokens).to(dtype), "cond": torch.cat(conds),
+    return {"tokens": torch.cat(tokens).to(dtype), "cond": cond,
             "info": {"seconds": time.perf_counter() - t0, "n_pairs": cfg.n_pairs}}
-
-
-def _as_pairs(blob: dict, cached: bool) -> Pairs:
-    return Pairs(blob["noise"], blob["tokens"].long(), blob["cond"], {**blob["info"], "cached": cached})

@@ -8,6 +8,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("ACCELBENCH_ZOO", "off")  # tests build what they use; tests/test_zoo.py names the zoo itself
 ROOT = Path(__file__).resolve().parent.parent
 PG = "postgresql://postgres@127.0.0.1:5432"
 

@@ -90,3 +90,28 @@ def test_two_processes_building_one_key_build_it_once(tmp_path):
     assert len(log.read_text().split()) == 1  # one build
     assert outs[0][0] == outs[1][0] == log.read_text().split()[0]  # both hold the one entry
     assert sorted(o[1] for o in outs) == ["False", "True"]
+
+
+def test_an_entry_comes_from_the_zoo_when_it_matches_and_is_verified(tmp_path, capsys):
+    import hashlib
+    import json
+    import lzma
+
+    from bench.cache import Cache, Zoo, encode
+
+    zoo_dir = tmp_path / "zoo"
+    (zoo_dir / "teachers").mkdir(parents=True)
+    data = encode("teachers", "k1", {"w": torch.arange(3)})
+    (zoo_dir / "teachers" / "k1.pt.xz").write_bytes(lzma.compress(data))
+    entry = {"kind": "teachers", "key": "k1", "file": "teachers/k1.pt.xz", "bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    (zoo_dir / "manifest.json").write_text(json.dumps({"entries": [entry]}))
+    cache = Cache(tmp_path / "cache", zoo=Zoo(zoo_dir))
+    obj, cached = cache.get_or_build("teachers", "k1", lambda: pytest.fail("built although the zoo has it"))
+    assert cached and torch.equal(obj["w"], torch.arange(3)) and cache.path("teachers", "k1").is_file()
+    assert cache.get_or_build("teachers", "k2", lambda: {"w": 1}) == ({"w": 1}, False)  # not in the zoo: built
+    # a zoo file that does not match its sha256 is reported and the entry built instead
+    (zoo_dir / "teachers" / "k1.pt.xz").write_bytes(lzma.compress(data[:-1] + b"x"))
+    other = Cache(tmp_path / "other", zoo=Zoo(zoo_dir))
+    assert other.get_or_build("teachers", "k1", lambda: {"w": 2}) == ({"w": 2}, False)
+    assert "model zoo entry teachers/k1 is unusable" in capsys.readouterr().err

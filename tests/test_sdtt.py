@@ -99,18 +99,22 @@ def test_a_wrong_sign_divergence_moves_the_student_away(trained_teacher, tmp_pat
     assert _objective(method.denoise, trained_teacher, cfg) > before
 
 
-def test_rounds_are_cached_and_a_longer_run_reuses_them(tmp_path):
+def test_rounds_are_cached_and_a_longer_run_reuses_them(tmp_path, monkeypatch):
     teacher = tiny_mdlm_teacher()
     cache = Cache(tmp_path)
     type(teacher).key = classmethod(lambda cls: "tiny-mdlm-key")
     fast = dict(steps=8, iters_per_round=3, batch=8, ar_arm=False)
+    trained = []
+    real = SDTT._round
+    monkeypatch.setattr(SDTT, "_round", lambda self, r, *a: trained.append(r) or real(self, r, *a))
     one = SDTT(teacher, make_config(SDTTConfig, rounds=1, **fast))
-    assert one.fit(cache=cache)["round1_cached"] == 0.0
+    assert one.fit(cache=cache)["student_cached"] == 0.0 and trained == [1]
     two = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast)).fit(cache=cache)
-    assert two["round1_cached"] == 1.0 and two["round2_cached"] == 0.0
+    assert two["student_cached"] == 0.0 and trained == [1, 2]  # round 1's full state reused: only round 2 trained
     assert two["round2_teacher_steps"] == 4.0
     out = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast))
-    out.fit(cache=cache)
+    assert out.fit(cache=cache)["student_cached"] == 1.0 and trained == [1, 2]  # the EMA entry: nothing trained
+    assert {p.parent.name for p in tmp_path.rglob("*.pt")} == {"sdtt-students", "sdtt-ema"}
     s = out.sample(torch.zeros(4, 0, dtype=torch.long), generator=torch.Generator().manual_seed(0))
     assert s.counters["nfe"] in (4 * 2, 4 * 3)  # 8 / 2^2 steps (+ noise removal)
 

@@ -100,7 +100,7 @@ class TwoTokenToy:
 
 def test_two_token_toy_pairs_are_valid_and_onestep_star_is_not(tmp_path):
     toy, s = TwoTokenToy(), ar_token.SamplingConfig()
-    pairs = generate_pairs(toy, s, PairConfig(n_pairs=2000, batch=500), cache=Cache(tmp_path))
+    pairs = generate_pairs(toy, s, PairConfig(n_pairs=2000, batch=500), cache=Cache(tmp_path), noise=True)
     assert pairs.tokens.shape == (2000, 2) and pairs.noise.shape == (2000, 2, 4)
     assert (pairs.tokens[:, 0] == pairs.tokens[:, 1]).all()  # 100 % valid
     assert 0.45 < pairs.tokens[:, 0].float().mean() < 0.55
