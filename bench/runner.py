@@ -278,7 +278,6 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
               tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
     """Run one planned trial and log it as one MLflow run; returns the logged metrics. `tags` are added to the run
     (a sweep's parent run id, study and trial number)."""
-    t = p.trial
     return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
                    tracker=tracker, opts=opts, tags=tags, on_start=on_start)
 

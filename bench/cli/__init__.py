@@ -1,7 +1,7 @@
 """The `accelbench` command line: run a trial or a suite, write a report, list what is registered, open the MLflow UI.
 
 One module per group of subcommands (`trials`: run, suite, lambada; `sweeps`: sweep, worker, studies, dashboard;
-`store`: report, doctor, list, ui); the options they share are declared once in `options`.
+`store`: report, doctor, list, ui; `zoo`: zoo build); the options they share are declared once in `options`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from bench.cli import store, sweeps, trials
+from bench.cli import store, sweeps, trials, zoo
 from bench.errors import UserError
 
 
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="accelbench", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (trials, sweeps, store):
+    for module in (trials, sweeps, store, zoo):
         module.register(sub)
     return p
 

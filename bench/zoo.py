@@ -1,0 +1,105 @@
+"""The model zoo: the trained entries the demo needs, built from the project's own recipes and shipped with it.
+
+The demo (`suites/default.yaml`) runs every method on its tiny teacher; training those teachers and the DD, ARD and
+SDTT students takes over an hour on 2 CPU cores. `build` trains them from scratch in an empty cache (the zoo off) by
+doing, for every distinct trial of the suite, what the runner does before it samples (load the teacher, `fit` the
+method, build its extra arms), then writes every cache entry of the zoo's kinds into `zoo/`: the entry's bytes
+xz-compressed, with its kind, key (the hash of the recipe that made it), size and sha256 in `zoo/manifest.json`, and
+the command, code version and time that built it. `bench.cache.Cache` takes an entry from there when kind and key
+match (`bench.cache.Zoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
+i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import lzma
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.cache import PROJECT_ZOO, Cache, decode
+from bench.config import config_dict
+from bench.envinfo import PROJECT_ROOT, git_sha
+from bench.runner import Plan
+from bench.suite import Suite
+from bench.training import progress_bars
+from teachers import load_teacher
+
+# What takes minutes to build and is small enough to ship: teachers, students, DD's pair tokens (onestep*, skip-n).
+# Everything else a trial needs (feature extractors, reference features, text data, ARD's held-out trajectories) is
+# built in seconds on first use.
+ZOO_KINDS = ("teachers", "dd-students", "dd-pairs", "ard-students", "sdtt-ema")
+DEMO_SUITE = PROJECT_ROOT / "suites" / "default.yaml"
+COMMAND = "accelbench zoo build"
+
+
+def distinct(plans: tuple[Plan, ...]) -> list[Plan]:
+    """One plan per (teacher, method, config): the seeds and sample counts of a suite change nothing it trains."""
+    seen, out = set(), []
+    for p in plans:
+        key = (p.trial.teacher, p.trial.method, json.dumps(config_dict(p.config), sort_keys=True, default=str))
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def prepare(p: Plan, cache: Cache) -> None:
+    """What the runner builds for a trial before sampling: the teacher, the fitted method, its extra arms."""
+    teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device)
+    method = p.method_cls(teacher, p.config)
+    method.fit(cache=cache)
+    method.extra_arms(cache=cache, device=p.device)
+
+
+class _Recording(Cache):
+    """A cache that notes which trial asked for each entry (the manifest says what an entry is for)."""
+
+    def __init__(self, root):
+        super().__init__(root, zoo=None)
+        self.users: dict[tuple[str, str], set[str]] = {}
+        self.current = ""
+
+    def get_or_build(self, kind, key, build):
+        self.users.setdefault((kind, key), set()).add(self.current)
+        return super().get_or_build(kind, key, build)
+
+
+def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = None, progress: bool = True) -> dict:
+    """Train everything `suite` needs in an empty cache, then write the zoo's kinds of it to `out`; the manifest."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="accelbench-zoo-") as tmp:
+        cache = _Recording(cache_dir or tmp)
+        with progress_bars(progress):
+            for p in tqdm(distinct(suite.plans), desc="zoo: trials' teachers and students", unit="trial",
+                          disable=not progress):
+                cache.current = f"{p.trial.method} on {p.trial.teacher}"
+                prepare(p, cache)
+        return write(cache, out, seconds=time.perf_counter() - t0)
+
+
+def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
+    """Every entry of the zoo's kinds in `cache`, compressed into `out` (replacing what was there), and its manifest."""
+    for kind in ZOO_KINDS:
+        shutil.rmtree(out / kind, ignore_errors=True)
+    entries = []
+    for kind in ZOO_KINDS:
+        for path in sorted((cache.root / kind).glob("*.pt")):
+            data = path.read_bytes()
+            decode(kind, path.stem, data)  # a whole, matching entry, or CorruptEntry
+            target = out / kind / f"{path.stem}.pt.xz"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(lzma.compress(data, preset=9))
+            entries.append({"kind": kind, "key": path.stem, "file": f"{kind}/{target.name}", "bytes": len(data),
+                            "sha256": hashlib.sha256(data).hexdigest(), "xz_bytes": target.stat().st_size,
+                            "for": sorted(cache.users.get((kind, path.stem), []))})
+    manifest = {"built_by": COMMAND, "git_sha": git_sha(), "seconds": round(seconds, 1),
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+                "total_xz_bytes": sum(e["xz_bytes"] for e in entries), "entries": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest

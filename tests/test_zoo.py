@@ -1,0 +1,55 @@
+"""The model zoo: `accelbench zoo build` writes entries the cache takes, and the shipped zoo holds everything the demo
+would otherwise train; a recipe changed without rebuilding the zoo fails here."""
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from bench.cache import PROJECT_ZOO, Cache, Zoo
+from bench.suite import load_suite
+from bench.zoo import DEMO_SUITE, ZOO_KINDS, build, distinct, prepare
+
+ZOO_LIMIT_MB = 60
+
+
+class ZooOnly(Cache):
+    """A cache in which every entry of the zoo's kinds must come from the zoo: building one is a stale zoo."""
+
+    def get_or_build(self, kind, key, build):
+        if kind in ZOO_KINDS and key is not None and self.load(kind, key) is None:
+            pytest.fail(f"the demo needs {kind}/{key}, which the zoo does not hold: a recipe (or what keys it) changed "
+                        f"since the zoo was built; rebuild it with `make zoo` (accelbench zoo build)")
+        return super().get_or_build(kind, key, build)
+
+
+def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_recipe, tmp_path, monkeypatch):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": "z", "trials": [
+        {"teacher": "digits-ar-t2i", "method": "sjd"},
+        {"teacher": "digits-ar-c2i", "method": "dd",
+         "params": {"n_pairs": 32, "train_steps": 2, "batch": 8, "solver_steps": 2}},
+        {"teacher": "digits-ar-c2i", "method": "onestep*", "params": {"n_pairs": 32, "solver_steps": 2}}]}))
+    manifest = build(load_suite(str(suite)), tmp_path / "zoo", progress=False)
+    kinds = sorted({e["kind"] for e in manifest["entries"]})
+    assert kinds == ["dd-pairs", "dd-students", "teachers"] and len(manifest["entries"]) == 4
+    assert {"dd on digits-ar-c2i", "onestep* on digits-ar-c2i"} <= {u for e in manifest["entries"] for u in e["for"]}
+    assert json.loads((tmp_path / "zoo" / "manifest.json").read_text()) == manifest
+    plans = distinct(load_suite(str(suite)).plans)
+    cache = ZooOnly(tmp_path / "cache", zoo=Zoo(tmp_path / "zoo"))
+    for p in plans:
+        prepare(p, cache)  # nothing of the zoo's kinds is built: all four entries came from it
+    from teachers.tiny.zoo import DigitsARText
+
+    monkeypatch.setattr(DigitsARText, "recipe", dataclasses.replace(DigitsARText.recipe, steps=31))
+    with pytest.raises(pytest.fail.Exception, match="the zoo does not hold"):
+        prepare(plans[0], ZooOnly(tmp_path / "fresh", zoo=Zoo(tmp_path / "zoo")))
+
+
+def test_the_shipped_zoo_holds_what_the_demo_needs(tmp_path):
+    manifest = json.loads((PROJECT_ZOO / "manifest.json").read_text())
+    assert manifest["total_xz_bytes"] <= ZOO_LIMIT_MB * 2**20
+    assert sum((PROJECT_ZOO / e["file"]).stat().st_size for e in manifest["entries"]) == manifest["total_xz_bytes"]
+    cache = ZooOnly(tmp_path, zoo=Zoo(PROJECT_ZOO))
+    for p in distinct(load_suite(str(DEMO_SUITE)).plans):
+        prepare(p, cache)
