@@ -309,8 +309,12 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
             files[file_name] = content
     metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
     metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
+    defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
+    at_defaults = all(p.trial.params.get(k) == defaults.get(k) for k in p.method_cls.key_knobs)
     ctx.log.log(tags={
         "key_knobs": ",".join(p.method_cls.key_knobs),
+        # a paper method at its default key knobs: the report's headline row for the method
+        "accelbench.headline": str(p.method_cls.headline and at_defaults).lower(),
         # Directions travel with the numbers, so a report needs nothing but the store.
         **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
            for m in p.metrics for k in metrics

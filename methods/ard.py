@@ -39,7 +39,8 @@ from teachers.data.images import load_image_dataset
 from teachers.families import ode_diffusion
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
-RELEASED_KNOTS_VERSION = 2  # in `released` students' keys; 2: the states before DDIM loop indices 15/10/5 (was one late)
+# in `released` students' keys; 2: the states before DDIM loop indices 15/10/5 (were one step late)
+RELEASED_KNOTS_VERSION = 2
 HELD_OUT = 256  # noises for the coupling error
 
 
@@ -144,6 +145,7 @@ def generate_trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed
 class ARD(Method):
     """Autoregressive distillation: each student step sees the whole student trajectory so far (arXiv:2504.11295)."""
 
+    headline = True
     families = (ode_diffusion.FAMILY,)
     modalities = ("image",)
     Config = ARDConfig
@@ -258,6 +260,7 @@ class StepDistillConfig(ARDConfig):
 class StepDistill(ARD):
     """Step distillation (ARD with N = 0: each step sees only its own input), ARD's baseline (arXiv:2504.11295)."""
 
+    headline = False  # ARD's baseline
     Config = StepDistillConfig
     key_knobs = ("student_steps",)
 
@@ -276,5 +279,6 @@ class KDConfig(ARDConfig):
 class KD(ARD):
     """Knowledge distillation (ARD with S = 1: noise -> the teacher's sample in one step), ARD's baseline."""
 
+    headline = False  # ARD's baseline
     Config = KDConfig
     key_knobs = ()

@@ -26,6 +26,8 @@ class Method:
     # Decodes one sequence at a time (speculative / Jacobi decoding commit a different number of tokens per
     # sequence); the runner refuses a larger batch rather than compare a sequential loop with a batched baseline.
     batch_size_one: ClassVar[bool] = False
+    # One of the five papers' methods: its runs at its default key knobs make the report's headline row.
+    headline: ClassVar[bool] = False
 
     @classmethod
     def config_class(cls, family: Family) -> type:

@@ -114,6 +114,7 @@ def residual_sample(propose: Callable[[int], torch.Tensor], log_p: Callable, log
 class CSpD(Method):
     """Continuous speculative decoding: a draft model proposes, the target verifies (arXiv:2411.11925)."""
 
+    headline = True
     families = (continuous_ar.FAMILY,)
     Config = CSpDConfig
     key_knobs = ("mode", "gamma", "prefill")

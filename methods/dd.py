@@ -84,7 +84,8 @@ class DDConfig(PairKnobs):
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
 
 
-TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "train_seed")  # with the pairs: the student
+# with the pairs: everything that determines the student
+TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "train_seed")
 
 
 def _ema_with_warmup(decay: float):
@@ -99,6 +100,7 @@ def _ema_with_warmup(decay: float):
 class DD(Method):
     """Distilled Decoding: a flow-matching-distilled student samples all tokens in 1-2 steps (arXiv:2412.17153)."""
 
+    headline = True
     families = (ar_token.FAMILY,)
     modalities = ("image",)  # flows into the tokenizer's code vectors
     Config = DDConfig

@@ -21,6 +21,7 @@ class JacobiConfig(SJDConfig):
 class Jacobi(SJD):
     """Jacobi decoding: accept drafts that equal the refreshed tokens (greedy or sampling)."""
 
+    headline = False  # the SJD paper's baseline
     Config = JacobiConfig
     key_knobs = ("window", "greedy")
     rule = staticmethod(exact_match_rule)

@@ -128,6 +128,7 @@ TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch
 class SDTT(Method):
     """Iterated self-distillation of an MDLM: the round-`rounds` student sampled with T_0 / (m/k)^rounds steps."""
 
+    headline = True
     families = (md.FAMILY,)
     modalities = ("text",)
     Config = SDTTConfig

@@ -154,6 +154,35 @@ def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, n: int, quality) -
     return rows
 
 
+def headline_table(runs: list[TrialRun]) -> list[str]:
+    """A row per paper method (runs tagged `accelbench.headline`: the method at its default key knobs), on the teacher
+    and setting with the most seeds: the speed-ups and the first quality metric of both arms, over seeds."""
+    best: dict = {}
+    for r in runs:
+        if r.tags.get("accelbench.headline") != "true":
+            continue
+        key = (r.teacher, shown_knobs(r, runs), tuple(sorted(r.ref_knobs.items())), r.n_samples)
+        best.setdefault(r.method, {}).setdefault(key, {}).setdefault(r.seed, r)
+    if not best:
+        return []
+    lines = ["| method | teacher | knobs | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
+             "| teacher arm |", "|---|---|---|---|---|---|---|---|---|"]
+    for method in sorted(best):
+        (teacher, knobs, _, _), seeds = max(best[method].items(), key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
+        rs = [seeds[s] for s in sorted(seeds)]
+        quality = quality_columns(rs)
+        name, cells = "—", ["", ""]
+        if quality:
+            key, higher = quality[0]
+            name = _header(key, higher)
+            cells = [_fmt([r.metrics[key] for r in rs if key in r.metrics], 2),
+                     _fmt([r.metrics[f"ref/{key}"] for r in rs if f"ref/{key}" in r.metrics], 2)]
+        lines.append("| " + " | ".join([method, teacher, knobs, str(len(rs)),
+                                        _fmt([r.metrics["speedup_wall"] for r in rs], 2, "×"),
+                                        _fmt([r.metrics["speedup_steps"] for r in rs], 2, "×"), name, *cells]) + " |")
+    return lines
+
+
 def environment_footer(runs: list[TrialRun]) -> list[str]:
     def values(tag):
         return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
@@ -175,6 +204,10 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
     out = [f"# {title}", ""]
     if not runs:
         return "\n".join(out + ["No finished trial runs matched.", ""])
+    headline = headline_table(runs)
+    if headline:
+        out += ["## Headline", "", "Each paper's method at its default setting, against its teacher's own sampler in "
+                "the same runs (the sections below have every setting and baseline).", "", *headline, ""]
     any_blank = False
     for teacher in sorted({r.teacher for r in runs}):
         lines, blank = teacher_table([r for r in runs if r.teacher == teacher])

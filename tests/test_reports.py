@@ -145,3 +145,20 @@ def test_an_unknown_experiment_lists_the_ones_the_store_has(store, tmp_path, cap
     assert main(["report", "--tracking-uri", store, "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert "no MLflow experiment 'accelbench'" in err and "it has: paper" in err and len(err.splitlines()) == 1
+
+
+def test_the_headline_has_a_row_per_paper_method_at_its_defaults(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("demo")
+    for seed, (ms, fid) in enumerate([(20.0, 2.0), (22.0, 3.0)]):
+        run = log_trial(client, exp, "sjd", seed, SJD_KNOBS, ms=ms, ref_ms=40.0, nfe=30.0, fid=fid, ref_fid=2.5)
+        client.set_tag(run, "accelbench.headline", "true")
+    log_trial(client, exp, "sjd", 0, {**SJD_KNOBS, "window": "4"}, ms=30.0, ref_ms=40.0, nfe=50.0)  # not default
+    assert main(["report", "--experiment", "demo", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    assert text.index("## Headline") < text.index("## digits-ar-t2i")
+    headline = text[text.index("## Headline"):text.index("## digits-ar-t2i")]
+    (row,) = [line for line in headline.splitlines() if line.startswith("| sjd |")]
+    assert row == ("| sjd | digits-ar-t2i | window=16, init=random | 2 | 1.91× ± 0.13 | 2.13× ± 0.00 "
+                   "| FID ↓ (digits-cnn) | 2.50 ± 0.71 | 2.50 ± 0.00 |")
