@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test gpu-wheels gpu-check clean-venv
+.PHONY: demo test zoo gpu-wheels gpu-check clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml
 # results/accelbench-default/REPORT.md.
 demo: $(STAMP)
 	$(VENV)/bin/accelbench suite suites/default.yaml --no-progress
+
+# The model zoo (zoo/): every teacher and student the demo needs, trained from scratch by the project's own recipes.
+zoo: $(STAMP)
+	$(VENV)/bin/accelbench zoo build
 
 # pytest exits 5 when it collects no test; that is not a failure of the code under test.
 test: $(STAMP)

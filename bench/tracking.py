@@ -53,6 +53,21 @@ def check_reachable(url: str, what: str) -> None:
         raise UserError(f"cannot reach the {what} {shown}: {exc}") from None
 
 
+def runs_table_urls(uri: str, base: str) -> list[tuple[str, str]]:
+    """(experiment, URL of its runs table in the MLflow UI at `base`) for every AccelBench experiment of the store.
+    MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's last choice) says
+    `workflowType=machine_learning`; the experiment's kind tag is what older UIs read."""
+    from mlflow.tracking import MlflowClient
+
+    check_reachable(uri, "MLflow tracking store")
+    try:
+        experiments = MlflowClient(tracking_uri=uri).search_experiments()
+    except Exception as exc:
+        raise UserError(f"cannot reach the MLflow tracking store {uri}: {str(exc).splitlines()[0]}") from None
+    return [(e.name, f"{base}/#/experiments/{e.experiment_id}?workflowType=machine_learning")
+            for e in sorted(experiments, key=lambda e: e.name) if e.tags.get("mlflow.experimentKind")]
+
+
 def owner_tags() -> dict[str, str]:
     """Which process owns a run: what `accelbench doctor` checks to tell a live run from an orphan."""
     import psutil

@@ -54,6 +54,10 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and "speedup_wall" in exp.tags[
         "mlflow.note.content"]
     assert run.info.run_name == "sjd[window=4,init=random] digits-ar-t2i s3"
+    from bench.tracking import runs_table_urls  # what `accelbench ui` prints: MLflow 3.17 needs the workflow type
+
+    urls = dict(runs_table_urls(store, "http://ui"))
+    assert urls["accelbench"] == f"http://ui/#/experiments/{exp.experiment_id}?workflowType=machine_learning"
     assert [r.info.run_id for r in client.search_runs([exp.experiment_id], "params.window = '4'")] == [run.info.run_id]
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.name == "digits-test-16px" and dataset.tags[0].value == "evaluation"
