@@ -39,14 +39,14 @@ def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> d
 
 
 def writable_dir(path: str | os.PathLike, what: str) -> Path:
-    """The directory `path`, created if needed; `UserError` naming `what` unless it can be written."""
-    path = Path(path).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"{what} {path}: cannot create it ({exc.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"{what} {path}: not writable")
+    """`path`, checked without creating anything: an existing folder we can write in, or one that can be made there
+    (its nearest existing ancestor is a writable folder); `UserError` naming `what` otherwise."""
+    path = Path(path).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{what} {path}: cannot create it ({existing} is not a folder)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path}: {existing} is not writable")
     return path
 
 

@@ -85,6 +85,7 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
 
 def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
     """Every entry of the zoo's kinds in `cache`, compressed into `out` (replacing what was there), and its manifest."""
+    out.mkdir(parents=True, exist_ok=True)
     for kind in ZOO_KINDS:
         shutil.rmtree(out / kind, ignore_errors=True)
     entries = []

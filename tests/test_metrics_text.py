@@ -26,7 +26,7 @@ GLOSSES = load_documents("wordnet")
 
 
 def _teacher(reference=GLOSSES[:300]):
-    return SimpleNamespace(tokenizer=CharTokenizer(27), reference_texts=lambda: list(reference),
+    return SimpleNamespace(encode=CharTokenizer(27).encode, reference_texts=lambda: list(reference),
                            companion_lm="fake-lm")
 
 

@@ -20,7 +20,7 @@ def cache(sp: argparse.ArgumentParser) -> None:
 
 
 def open_cache(args):
-    """The cache of `--cache-dir`, its folder created and checked writable before any work."""
+    """The cache of `--cache-dir`, its folder checked writable (or creatable) before any work."""
     from bench.cache import DEFAULT_ROOT, Cache
     from bench.config import writable_dir
 
@@ -28,7 +28,7 @@ def open_cache(args):
 
 
 def report_dir(args, experiment: str):
-    """The report folder of `--out` (default results/<experiment>), created and checked writable before any work."""
+    """The report folder of `--out` (default results/<experiment>), checked writable (or creatable) before any work."""
     from pathlib import Path
 
     from bench.config import writable_dir

@@ -38,7 +38,9 @@ def cmd_run(args) -> int:
         if m.unavailable:
             print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
     uri = tracking_uri(args.tracking_uri)
-    metrics = run_trial(p, cache=options.open_cache(args), tracker=Tracker(uri, args.experiment), opts=opts)
+    cache = options.open_cache(args)
+    tracker = Tracker(uri, args.experiment)
+    metrics = run_trial(p, cache=cache, tracker=tracker, opts=opts)
     print(format_result(p.trial.method, p.reference, metrics))
     print("\n" + _store_line(uri, args, args.experiment))
     return 0
@@ -69,8 +71,8 @@ def cmd_suite(args) -> int:
     from reports.report import write_report
 
     suite = load_suite(args.file)  # every trial planned before anything runs
-    opts, cache, out = options.run_options(args), options.open_cache(args), options.report_dir(args, suite.experiment)
-    uri = tracking_uri(args.tracking_uri)
+    opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
+    cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
     tracker = Tracker(uri, suite.experiment)
     ran, skipped = run_suite(suite, tracker=tracker, cache=cache, opts=opts, force=args.force)
     print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
@@ -104,7 +106,8 @@ def cmd_lambada(args) -> int:
                              device=p.device)
         return {f"lambada.{k}": v for k, v in values.items()}
 
-    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=options.open_cache(args),
+    cache = options.open_cache(args)
+    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=cache,
                       tracker=Tracker(uri, args.experiment), opts=opts)
     print(f"{method} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
           f"acc {metrics['lambada.acc']:.4f}, perplexity {metrics['lambada.perplexity']:.2f}")

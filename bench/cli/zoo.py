@@ -14,7 +14,7 @@ def cmd_zoo_build(args) -> int:
     suite = load_suite(str(args.suite or DEMO_SUITE))
     out = writable_dir(args.out or PROJECT_ZOO, "zoo folder (--out)")
     cache_dir = writable_dir(args.cache_dir, "cache directory (--cache-dir)") if args.cache_dir else None
-    if cache_dir is not None and any(cache_dir.iterdir()):
+    if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         print(f"accelbench: note: {cache_dir} is not empty; what it holds is used, not rebuilt", file=sys.stderr)
     manifest = build(suite, Path(out), cache_dir=cache_dir, progress=not args.no_progress)
     print(f"zoo: {len(manifest['entries'])} entries, {manifest['total_xz_bytes'] / 2**20:.1f} MB compressed, built in "
