@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
+HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
     for method in sorted(best):
         (teacher, knobs, _, _), seeds = max(best[method].items(), key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
         rs = [seeds[s] for s in sorted(seeds)]
-        quality = quality_columns(rs)
+        rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
+        quality = sorted(quality_columns(rs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))
         name, cells = "—", ["", ""]
         if quality:
             key, higher = quality[0]
