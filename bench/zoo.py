@@ -4,8 +4,9 @@ The demo (`suites/default.yaml`) runs every method on its tiny teacher; training
 SDTT students takes over an hour on 2 CPU cores. `build` trains them from scratch in an empty cache (the zoo off) by
 doing, for every distinct trial of the suite, what the runner does before it samples (load the teacher, `fit` the
 method, build its extra arms), then writes every cache entry of the zoo's kinds into `zoo/`: the entry's bytes
-xz-compressed, with its kind, key (the hash of the recipe that made it), size and sha256 in `zoo/manifest.json`, and
-the command, code version and time that built it. `bench.cache.Cache` takes an entry from there when kind and key
+xz-compressed, with its kind, key (the hash of the recipe that made it), what it is, size, sha256 and the trials whose
+fit asked for it (a teacher, loaded once per process, names the first) in `zoo/manifest.json`, and the command, code
+version and time that built it. `bench.cache.Cache` takes an entry from there when kind and key
 match (`bench.cache.Zoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
 i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
 """
@@ -25,7 +26,8 @@ from tqdm import tqdm
 from bench.cache import PROJECT_ZOO, Cache, decode
 from bench.config import config_dict
 from bench.envinfo import PROJECT_ROOT, git_sha
-from bench.runner import Plan
+from bench.registry import TEACHERS
+from bench.runner import Plan, run_name
 from bench.suite import Suite
 from bench.training import progress_bars
 from teachers import load_teacher
@@ -78,9 +80,18 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
         with progress_bars(progress):
             for p in tqdm(distinct(suite.plans), desc="zoo: trials' teachers and students", unit="trial",
                           disable=not progress):
-                cache.current = f"{p.trial.method} on {p.trial.teacher}"
+                cache.current = run_name(p).rsplit(" s", 1)[0]  # e.g. "sdtt[divergence=kld,rounds=2,...] wordnet-mdlm"
                 prepare(p, cache)
         return write(cache, out, seconds=time.perf_counter() - t0)
+
+
+def describe(kind: str, key: str) -> str:
+    """What an entry is: the registered teacher whose recipe key it is, or its kind."""
+    if kind == "teachers":
+        names = [n for n, cls in TEACHERS.items() if not getattr(cls, "unavailable", lambda: None)() and cls.key() == key]
+        return f"teacher {', '.join(names)}" if names else "teacher (no registered recipe has this key)"
+    return {"dd-students": "DD student", "dd-pairs": "DD pair tokens (Alg. 1)", "ard-students": "ARD student",
+            "sdtt-ema": "SDTT student (EMA weights of its last round)"}.get(kind, kind)
 
 
 def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
@@ -96,7 +107,8 @@ def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
             target = out / kind / f"{path.stem}.pt.xz"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(lzma.compress(data, preset=9))
-            entries.append({"kind": kind, "key": path.stem, "file": f"{kind}/{target.name}", "bytes": len(data),
+            entries.append({"kind": kind, "key": path.stem, "what": describe(kind, path.stem),
+                            "file": f"{kind}/{target.name}", "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest(), "xz_bytes": target.stat().st_size,
                             "for": sorted(cache.users.get((kind, path.stem), []))})
     manifest = {"built_by": COMMAND, "git_sha": git_sha(), "seconds": round(seconds, 1),

@@ -33,7 +33,9 @@ def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_r
     manifest = build(load_suite(str(suite)), tmp_path / "zoo", progress=False)
     kinds = sorted({e["kind"] for e in manifest["entries"]})
     assert kinds == ["dd-pairs", "dd-students", "teachers"] and len(manifest["entries"]) == 4
-    assert {"dd on digits-ar-c2i", "onestep* on digits-ar-c2i"} <= {u for e in manifest["entries"] for u in e["for"]}
+    (pairs,) = [e for e in manifest["entries"] if e["kind"] == "dd-pairs"]
+    assert pairs["what"] == "DD pair tokens (Alg. 1)" and pairs["for"] == [
+        "dd[steps=1,t2=0,ts=0] digits-ar-c2i", "onestep*[n_pairs=32] digits-ar-c2i"]
     assert json.loads((tmp_path / "zoo" / "manifest.json").read_text()) == manifest
     plans = distinct(load_suite(str(suite)).plans)
     cache = ZooOnly(tmp_path / "cache", zoo=Zoo(tmp_path / "zoo"))
