@@ -74,7 +74,7 @@ class _Recording(Cache):
 
 def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = None, progress: bool = True) -> dict:
     """Train everything `suite` needs in an empty cache, then write the zoo's kinds of it to `out`; the manifest."""
-    t0 = time.perf_counter()
+    t0, code = time.perf_counter(), git_sha()  # the code that trains, before anything else can change it
     with tempfile.TemporaryDirectory(prefix="accelbench-zoo-") as tmp:
         cache = _Recording(cache_dir or tmp)
         with progress_bars(progress):
@@ -82,7 +82,7 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
                           disable=not progress):
                 cache.current = run_name(p).rsplit(" s", 1)[0]  # e.g. "sdtt[divergence=kld,rounds=2,...] wordnet-mdlm"
                 prepare(p, cache)
-        return write(cache, out, seconds=time.perf_counter() - t0)
+        return write(cache, out, seconds=time.perf_counter() - t0, code=code)
 
 
 def describe(kind: str, key: str) -> str:
@@ -94,7 +94,7 @@ def describe(kind: str, key: str) -> str:
             "sdtt-ema": "SDTT student (EMA weights of its last round)"}.get(kind, kind)
 
 
-def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
+def write(cache: _Recording, out: Path, *, seconds: float, code: str) -> dict:
     """Every entry of the zoo's kinds in `cache`, compressed into `out` (replacing what was there), and its manifest."""
     out.mkdir(parents=True, exist_ok=True)
     for kind in ZOO_KINDS:
@@ -111,7 +111,7 @@ def write(cache: _Recording, out: Path, *, seconds: float) -> dict:
                             "file": f"{kind}/{target.name}", "bytes": len(data),
                             "sha256": hashlib.sha256(data).hexdigest(), "xz_bytes": target.stat().st_size,
                             "for": sorted(cache.users.get((kind, path.stem), []))})
-    manifest = {"built_by": COMMAND, "git_sha": git_sha(), "seconds": round(seconds, 1),
+    manifest = {"built_by": COMMAND, "git_sha": code, "seconds": round(seconds, 1),
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                 "total_xz_bytes": sum(e["xz_bytes"] for e in entries), "entries": entries}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
