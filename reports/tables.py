@@ -30,6 +30,7 @@ class TrialRun:
     tags: dict
     start_time_ms: int = 0
     key_knobs: tuple = field(default=())
+    warmup: str = "unknown"  # warm-up batches per arm before timing
 
     @classmethod
     def from_mlflow(cls, run) -> "TrialRun":
@@ -41,7 +42,7 @@ class TrialRun:
         ref = {k[len("ref."):]: v for k, v in p.items() if k.startswith("ref.")}
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
-                   dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs)
+                   dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs, p.get("warmup", "unknown"))
 
 
 def natural(text: str) -> tuple:
@@ -189,6 +190,8 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
     def values(tag):
         return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
 
+    warmups = ", ".join(sorted({r.warmup for r in runs}))
+
     libs = sorted({t for r in runs for t in r.tags if t.endswith("_version")})
     dates = sorted(datetime.fromtimestamp(r.start_time_ms / 1000, tz=timezone.utc).date().isoformat() for r in runs)
     lines = ["## Run environment", "",
@@ -196,7 +199,7 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
              f"- git: {values('git_sha')}",
              "- libraries: " + "; ".join(f"{t[: -len('_version')]} {values(t)}" for t in libs),
              f"- CPU: {values('cpu')}; device: {values('device')}; torch threads: {values('torch_threads')}; "
-             f"python: {values('python')}"]
+             f"python: {values('python')}; warm-up batches per arm: {warmups}"]
     return lines
 
 
