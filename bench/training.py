@@ -59,6 +59,19 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def library_bars() -> Iterator[None]:
+    """Inside the block, transformers' own bars (e.g. "Loading weights") follow the caller's choice too."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if _show_bars else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
 def training_steps(steps: int, desc: str) -> Iterable[int]:
     """range(steps), with a progress bar unless the caller of the trial asked for none."""
     return tqdm(range(steps), desc=desc, unit="step", leave=False, disable=not _show_bars)

