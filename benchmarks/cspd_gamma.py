@@ -109,8 +109,8 @@ def main() -> None:
     cache = Cache()
     teacher = TEACHERS.get(args.teacher).load(args.teacher, cache=cache, device=torch.device("cpu"))
     torch.set_num_threads(args.threads)
-    print(f"| mode | batch | gamma | alpha | target passes / img (ar) | draft passes | target / draft head chains "
-          f"| exhausted | wall speed-up | s / img (ar) |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| mode | batch | gamma | alpha | target passes / img (ar) | draft passes | target / draft head chains "
+          "| exhausted | wall speed-up | s / img (ar) |\n|---|---|---|---|---|---|---|---|---|---|")
     for mode in args.modes:
         for batch in args.batch_sizes:
             n = args.images or (8 if batch == 1 else 2 * batch)

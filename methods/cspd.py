@@ -196,7 +196,7 @@ class CSpD(Method):
         """Leviathan's rule (exact, paper): accept the drafts up to the first rejection, then one more token, the
         residual sample at the rejected position or the target's own bonus token. Returns new tokens (M, g+1, D)
         and how many of them each row commits (M,)."""
-        cfg, (M, g, D) = self.config, drafts.shape
+        cfg, (M, g, _) = self.config, drafts.shape
         log_r = acceptance_log_ratio(drafts, p, q, cfg.mode, cfg.inner_temperature)  # (M, g)
         ok = torch.rand(M, g, generator=generator, device=drafts.device).log() < log_r
         n = ok.long().cumprod(1).sum(1)  # accepted prefix
@@ -216,7 +216,7 @@ class CSpD(Method):
         """The released code's rule: each draft accepted or replaced by a residual sample on its own; every row
         commits all g. Returns the tokens (M, g+1, D) (the last slot unused) and the first slot the models must
         re-read (the first any row replaced; at most g-1, so one token is always pending)."""
-        cfg, (M, g, D) = self.config, drafts.shape
+        cfg, (M, g, _) = self.config, drafts.shape
         log_r = acceptance_log_ratio(drafts, p, q, cfg.mode, cfg.inner_temperature)
         ok = torch.rand(M, g, generator=generator, device=drafts.device).log() < log_r
         new = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
