@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 
 # The default suite: runs what is not in the MLflow store yet (mlflow.db here), then writes
 # results/accelbench-default/REPORT.md. Measured on 2 cores (63 trials, zoo students): 2 sampling threads were never
-# slower than 1 (SJD at batch 1: 0.97-1.02x) and halve SDTT (2.0-2.1x), 5:45 -> 3:50 for the suite; 1 warm-up batch per
-# arm instead of 2 gives the same wall speed-ups within the seed spread (CSpD 0.272+-0.004 vs 0.284+-0.001, ARD
-# 10.20+-0.18 vs 10.03+-0.09, SDTT 8.20+-0.29 vs 7.10+-0.54, 3 warm-ups 8.12+-0.12). Both are logged as run params.
+# slower than 1 (SJD and Jacobi at batch 1: 0.97-1.23x) and halve SDTT (2.0-2.1x): 5:45 -> 3:50 for the suite. 1 warm-up
+# batch per arm instead of 2 gives the same wall speed-ups within the seed spread (CSpD 0.272+-0.004 vs 0.284+-0.001,
+# ARD 10.20+-0.18 vs 10.03+-0.09, SDTT 8.20+-0.29 vs 7.10+-0.54, 3 warm-ups 8.12+-0.12). Both are logged as run params.
 demo: $(STAMP)
 	$(VENV)/bin/accelbench suite suites/default.yaml --no-progress --threads 2 --warmup 1
 
