@@ -17,35 +17,51 @@ import torch.nn.functional as F
 from teachers.networks.diffusion_head import TimestepEmbedder
 
 
+POS_LAYOUTS = ("row-col", "col-row")
+
+
 @dataclass(frozen=True)
 class DiTConfig:
-    image_size: int = 16
+    image_size: int = 16  # pixels, or latent cells for a latent DiT
     channels: int = 1
     patch: int = 4
     n_classes: int = 10  # id n_classes is the null class (label dropout, CFG)
     hidden: int = 128
     depth: int = 4
     heads: int = 4
+    # The official DiT predicts a variance too (learned sigma): 2 * channels outputs, eps first.
+    learn_sigma: bool = False
+    # Which coordinate the first half of the position channels encodes: the official DiT's is the column
+    # (`get_2d_sincos_pos_embed`, real_checkpoints.md §1c); our tiny teachers were trained with the row first.
+    pos_layout: str = "row-col"
 
     def __post_init__(self):
         if self.image_size % self.patch or self.hidden % self.heads:
             raise ValueError(f"image_size {self.image_size} must be divisible by patch {self.patch} and hidden "
                              f"{self.hidden} by heads {self.heads}")
+        if self.pos_layout not in POS_LAYOUTS:
+            raise ValueError(f"pos_layout must be one of {', '.join(POS_LAYOUTS)}, got {self.pos_layout!r}")
 
     @property
     def tokens(self) -> int:
         return (self.image_size // self.patch) ** 2
 
+    @property
+    def out_channels(self) -> int:
+        return 2 * self.channels if self.learn_sigma else self.channels
 
-def _sincos_2d(d: int, grid: int) -> torch.Tensor:
-    """(grid*grid, d) fixed positions, half the channels for rows, half for columns (DiT / MAE)."""
+
+def _sincos_2d(d: int, grid: int, layout: str) -> torch.Tensor:
+    """(grid*grid, d) fixed positions, row-major tokens, half the channels for one coordinate and half for the other
+    (DiT / MAE), each half [sin, cos], computed in float64 as the official code does."""
     def one(pos, dim):
         omega = 1.0 / 10000 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2))
         a = pos.flatten().double()[:, None] * omega
         return torch.cat([a.sin(), a.cos()], 1)
 
     r, c = torch.meshgrid(torch.arange(grid), torch.arange(grid), indexing="ij")
-    return torch.cat([one(r, d // 2), one(c, d // 2)], 1).float()
+    first, second = (r, c) if layout == "row-col" else (c, r)
+    return torch.cat([one(first, d // 2), one(second, d // 2)], 1).float()
 
 
 def _modulate(x, shift, scale):
@@ -91,7 +107,7 @@ class FinalLayer(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.norm = nn.LayerNorm(cfg.hidden, elementwise_affine=False, eps=1e-6)
-        self.linear = nn.Linear(cfg.hidden, cfg.patch * cfg.patch * cfg.channels)
+        self.linear = nn.Linear(cfg.hidden, cfg.patch * cfg.patch * cfg.out_channels)
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(cfg.hidden, 2 * cfg.hidden))
 
     def forward(self, x, c):
@@ -100,13 +116,15 @@ class FinalLayer(nn.Module):
 
 
 class DiT(nn.Module):
-    """eps(x_t, t, y): x (B, C, H, W), t (B,) training steps, y (B,) class ids -> (B, C, H, W)."""
+    """eps(x_t, t, y): x (B, C, H, W), t (B,) training steps, y (B,) class ids -> (B, C_out, H, W) (eps, then the
+    variance interpolation v when `learn_sigma`)."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.cfg = cfg
         self.x_embedder = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch)
-        self.register_buffer("pos_embed", _sincos_2d(cfg.hidden, cfg.image_size // cfg.patch), persistent=False)
+        self.register_buffer("pos_embed", _sincos_2d(cfg.hidden, cfg.image_size // cfg.patch, cfg.pos_layout),
+                             persistent=False)
         self.t_embedder = TimestepEmbedder(cfg.hidden)
         self.y_embedder = nn.Embedding(cfg.n_classes + 1, cfg.hidden)
         self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
@@ -129,11 +147,11 @@ class DiT(nn.Module):
     def cond(self, t, y):  # (B,), (B,) -> (B, d)
         return self.t_embedder(t) + self.y_embedder(y)
 
-    def unpatchify(self, out):  # (B, L, p*p*C) -> (B, C, H, W)
-        cfg, B = self.cfg, out.shape[0]
+    def unpatchify(self, out):  # (B, L, p*p*C_out) -> (B, C_out, H, W)
+        cfg, B, C = self.cfg, out.shape[0], self.cfg.out_channels
         g = cfg.image_size // cfg.patch
-        out = out.view(B, g, g, cfg.patch, cfg.patch, cfg.channels)
-        return torch.einsum("bhwpqc->bchpwq", out).reshape(B, cfg.channels, cfg.image_size, cfg.image_size)
+        out = out.view(B, g, g, cfg.patch, cfg.patch, C)
+        return torch.einsum("bhwpqc->bchpwq", out).reshape(B, C, cfg.image_size, cfg.image_size)
 
     def forward(self, x, t, y):
         h, c = self.embed(x), self.cond(t, y)
