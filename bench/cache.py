@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -36,6 +37,23 @@ def config_key(*parts: Any) -> str:
     """Hash of JSON-serialisable parts (configs as dicts, versions); the cache key of what they determine."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+CHECKPOINTS_ENV = "ACCELBENCH_CHECKPOINTS"  # the folder of the real checkpoints' files (`--checkpoints`)
+
+
+def checkpoint_dir() -> Path:
+    """Where the registered teachers of real checkpoints look for their files, by their official names."""
+    return Path(os.environ.get(CHECKPOINTS_ENV, "checkpoints")).expanduser()
+
+
+@functools.cache
+def file_key(path: Path) -> str:
+    """The identity of a large local file (a checkpoint) as part of a cache key: its resolved path, size and
+    modification time, not its content (hashing gigabytes on every trial's plan would take longer than the trial's
+    set-up). A changed file gets a new key; a renamed copy does too."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
 class CorruptEntry(Exception):

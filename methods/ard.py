@@ -156,6 +156,9 @@ class ARD(Method):
         c, depth = config, teacher.network.cfg.depth
         if c.history_layers > depth:
             raise UserError(f"ard: history_layers must be <= the teacher's depth {depth}, got {c.history_layers}")
+        if c.gan_steps and not hasattr(teacher, "dataset_name"):  # e.g. DiT-XL/2: ImageNet latents are not at hand
+            raise UserError(f"ard: the R+D fine-tune (gan_steps={c.gan_steps}) needs the teacher's real images, and "
+                            f"teacher {teacher.name} names no dataset; use gan_steps=0")
         self.knots = knot_states(c.knots, c.sampling.steps, c.student_steps)
         self.student: ARDStudent | None = None
 

@@ -47,6 +47,9 @@ class ARDStudent(nn.Module):
         self.unpatchify = dit.unpatchify
         self.register_buffer("labels", torch.tensor(time_labels, dtype=torch.float32))  # (S,) time of input k
 
+    def _image(self, out):  # a head's (B, L, p*p*C_out) -> (B, C, H, W); a learned-sigma teacher's variance half
+        return self.unpatchify(out)[:, : self.cfg.channels]  # is no prediction of x_0: the student drops it
+
     def _time(self, y, k):  # (B, d)
         return self.t_embedder(self.labels[k].expand(len(y)))
 
@@ -72,7 +75,7 @@ class ARDStudent(nn.Module):
         for i, block in enumerate(self.blocks):
             h, _ = block(h, c, self.attn_mask(i))
         outs = [self.heads[k](h[:, k * L : (k + 1) * L], c[:, k * L : (k + 1) * L]) for k in range(S)]
-        return torch.stack([self.unpatchify(o) for o in outs], 1)
+        return torch.stack([self._image(o) for o in outs], 1)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, k: int, cache: list[list]) -> torch.Tensor:
         """Sampling step k: input k (B, C, H, W) -> prediction (B, C, H, W). cache[i] holds the keys/values of the
@@ -86,7 +89,7 @@ class ARDStudent(nn.Module):
                 cache[i].append(kv)
             else:
                 h, _ = block(h, c)
-        return self.unpatchify(self.heads[k](h, c))
+        return self._image(self.heads[k](h, c))
 
     def rollout(self, x_T: torch.Tensor, y: torch.Tensor, inputs: torch.Tensor | None = None) -> torch.Tensor:
         """S sequential steps from noise, each input the previous prediction (or, for teacher-supplied history,

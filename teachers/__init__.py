@@ -24,6 +24,8 @@ TEACHERS.register("digits-dit-c2i", "teachers.tiny.zoo:DigitsDiTClass")
 TEACHERS.register("wordnet-mdlm", "teachers.tiny.zoo:WordNetMDLM")
 TEACHERS.register("wordnet-gpt", "teachers.tiny.zoo:WordNetGPT")
 TEACHERS.register("smollm2-135m-instruct", "teachers.pretrained.smollm2:SmolLM2Instruct")
+TEACHERS.register("dit-xl-2-256", "teachers.pretrained.dit:OfficialDiT")
+TEACHERS.register("dit-xl-2-512", "teachers.pretrained.dit:OfficialDiT512")
 
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
 

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 
 from teachers.families import ar_token, continuous_ar
+from teachers.pretrained.dit import OfficialDiT
 
 
 @dataclass
@@ -224,6 +225,51 @@ def tiny_dit_teacher(seed=0, device="cpu"):
     for p in model.parameters():
         p.data.add_(0.2 * torch.randn_like(p))
     return Tiny("tiny-dit", model.to(device), {})
+
+
+_FILES: dict[str, object] = {}  # temporary folders that live as long as the test process
+
+
+def _tiny_official_dit_files():
+    """A folder with the parity fixture's DiT state dict (official key names, learned sigma, 16 latent tokens of 4
+    channels, 10 classes) and a one-level SD-style VAE (diffusers `AutoencoderKL`, random weights)."""
+    import tempfile
+    from pathlib import Path
+
+    if "dit" not in _FILES:
+        from diffusers import AutoencoderKL
+
+        _FILES["dit"] = tempfile.TemporaryDirectory(prefix="tiny-official-dit-")
+        folder = Path(_FILES["dit"].name)
+        fixture = torch.load(Path(__file__).parent / "fixtures" / "dit" / "dit_tiny_parity.pt", weights_only=True)
+        torch.save(fixture["state_dict"], folder / "DiT-tiny.pt")
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            AutoencoderKL(block_out_channels=(8,), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+                          sample_size=8).save_pretrained(folder / "vae")
+    return Path(_FILES["dit"].name)
+
+
+class TinyOfficialDiT(OfficialDiT):
+    """The loader of the official DiT checkpoints on tiny random-weight files, written to disk and read back as the
+    real files would be (`tiny-official-dit` in tests/plugins.py)."""
+
+    @classmethod
+    def config(cls):
+        from teachers.networks.dit import DiTConfig
+
+        return DiTConfig(image_size=8, channels=4, patch=2, n_classes=10, hidden=32, depth=2, heads=4,
+                         learn_sigma=True, pos_layout="col-row")
+
+    @classmethod
+    def files(cls):
+        folder = _tiny_official_dit_files()
+        return folder / "DiT-tiny.pt", folder / "vae"
+
+
+def tiny_official_dit_teacher(device="cpu"):
+    """`TinyOfficialDiT`, loaded through `OfficialDiT.load`."""
+    return TinyOfficialDiT.load("tiny-official-dit", cache=None, device=torch.device(device))
 
 
 class CharTokenizer:

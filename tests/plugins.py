@@ -1,4 +1,5 @@
-"""Registry plugin for tests that start worker processes: instant teachers over the enumerable table model.
+"""Registry plugin for tests that start worker processes: instant teachers over the enumerable table model, and the
+official DiT loader on tiny files.
 
 Loaded with ACCELBENCH_PLUGINS=tests.plugins, so subprocesses see the same entries as the test.
 """
@@ -7,7 +8,9 @@ import time
 from pathlib import Path
 
 from bench.registry import TEACHERS
-from tests.fakes import TableAR
+from tests.fakes import TableAR, TinyOfficialDiT
+
+TEACHERS.register("tiny-official-dit", TinyOfficialDiT)  # the official DiT loader on tiny random-weight files
 
 BARRIER_ENV = "ACCELBENCH_TEST_BARRIER"  # "<folder>:<n>": `barrier-table-ar` loads once n processes are loading it
 

@@ -6,6 +6,7 @@ skipped naming the package.
 ACCELBENCH_GPU_CHECK_DEVICE (default "cuda") names the device; set to "cpu", the same tests check themselves on a
 machine without a GPU.
 """
+from dataclasses import replace
 import importlib.util
 import os
 
@@ -16,7 +17,7 @@ from bench.cache import Cache
 from bench.registry import METHODS, METRICS
 from methods.base import OwnSampler
 from tests.fakes import (tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_mar_teacher, tiny_mdlm_teacher,
-                         tiny_text_gpt_teacher)
+                         tiny_official_dit_teacher, tiny_text_gpt_teacher)
 
 DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 # The fakes whose state lives in tensors (the table fakes compute in Python on the CPU), by family name.
 FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher],
-         "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher],
+         "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher, tiny_official_dit_teacher],
          "masked-diffusion-lm": [tiny_mdlm_teacher]}
 FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},
             "skip-n": {"n_pairs": 32},
@@ -53,13 +54,16 @@ def test_method_samples_on_the_device(name, tmp_path):
     cls = METHODS.get(name)
     ran = 0
     for family in cls.families:
-        config = build_config(cls.config_class(family), FAST_FIT.get(name, {}), owner=name)
+        fast = build_config(cls.config_class(family), FAST_FIT.get(name, {}), owner=name)
         for make in FAKES[family.name]:
-            if make is tiny_hf_lm_teacher and importlib.util.find_spec("transformers") is None:
+            if (make is tiny_hf_lm_teacher and importlib.util.find_spec("transformers") is None
+                    or make is tiny_official_dit_teacher and importlib.util.find_spec("diffusers") is None):
                 continue
             teacher = make(device=DEVICE)
             if teacher.modality not in cls.modalities:
                 continue
+            # ARD's R+D fine-tune reads the teacher's real images: the official DiT's (ImageNet) are not at hand
+            config = fast if hasattr(teacher, "dataset_name") or name != "ard" else replace(fast, gan_steps=0)
             cond = teacher.conditions(2 if not cls.batch_size_one else 1, torch.Generator(DEVICE).manual_seed(0))
             assert _on_device(cond)
             method = cls(teacher, config)

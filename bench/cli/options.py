@@ -36,10 +36,16 @@ def report_dir(args, experiment: str):
     return writable_dir(args.out or Path("results") / experiment, "report directory (--out)")
 
 
+def checkpoints(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--checkpoints", metavar="DIR", help="folder of the real checkpoints' files, by their official "
+                                                          "names (default $ACCELBENCH_CHECKPOINTS or ./checkpoints)")
+
+
 def execution(sp: argparse.ArgumentParser, experiment: bool = False) -> None:
     """The options of every command that runs trials (run, suite, sweep, worker, lambada)."""
     store(sp, experiment)
     cache(sp)
+    checkpoints(sp)
     sp.add_argument("--threads", type=int, default=1, help="torch threads while sampling (default 1)")
     sp.add_argument("--warmup", type=int, default=2, help="warm-up batches per arm before timing (default 2)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -54,7 +60,8 @@ def execution_argv(args) -> list[str]:
     """The execution options of `args` as command-line arguments (for worker processes)."""
     argv = ["--threads", str(args.threads), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
             "--memory-budget", str(args.memory_budget)]
-    for flag, value in (("--tracking-uri", args.tracking_uri), ("--cache-dir", args.cache_dir)):
+    for flag, value in (("--tracking-uri", args.tracking_uri), ("--cache-dir", args.cache_dir),
+                        ("--checkpoints", args.checkpoints)):
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--no-progress"] if args.no_progress else [])

@@ -78,6 +78,7 @@ def register(sub) -> None:
     dr.set_defaults(func=cmd_doctor)
 
     ls = sub.add_parser("list", help="list registered teachers, methods and metrics")
+    options.checkpoints(ls)
     ls.set_defaults(func=cmd_list)
 
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store")

@@ -77,15 +77,16 @@ class DiTNetwork(Protocol):
     t_embedder: torch.nn.Module  # (B,) training steps -> (B, d)
     y_embedder: torch.nn.Module  # (B,) class ids (n_classes = null) -> (B, d)
     blocks: torch.nn.ModuleList  # block(h (B, L, d), c (B, d) or (B, L, d), mask, history) -> (h, (k, v))
-    final_layer: torch.nn.Module  # (h, c) -> (B, L, p * p * C_out)
+    final_layer: torch.nn.Module  # (h, c) -> (B, L, p * p * C_out); C_out = 2C for a learned-sigma DiT, eps first
     pos_embed: torch.Tensor  # (L, d) fixed positions
 
     def embed(self, x: torch.Tensor) -> torch.Tensor: ...  # (B, C, H, W) -> (B, L, d), positions added
     def cond(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...  # (B,), (B,) -> (B, d)
-    def unpatchify(self, out: torch.Tensor) -> torch.Tensor: ...  # (B, L, p * p * C) -> (B, C, H, W)
+    def unpatchify(self, out: torch.Tensor) -> torch.Tensor: ...  # (B, L, p * p * C_out) -> (B, C_out, H, W)
 
 
 class DiTShape(Protocol):
+    channels: int  # C, the image's (or latent's) channels
     depth: int
     hidden: int
     tokens: int  # L

@@ -13,8 +13,6 @@ Prompts: the first `PROMPT_TOKENS` tokens of the WordNet glosses of the corpus' 
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import sys
 import tempfile
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache, config_key, file_key
 from bench.errors import UserError
 from bench.training import library_bars
 from teachers.data.text import TextDataRecipe, corpus_sha, load_documents, split_documents
@@ -55,19 +53,13 @@ def unavailable() -> str | None:
     return None
 
 
-@functools.cache
-def _digest(src: Path) -> str:
-    stat = src.stat()
-    return hashlib.sha256(f"{src.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
 def _hf_dir(cache: Cache) -> Path:
     """The converted folder, built on first use (written next to its final place and renamed into it)."""
     reason = unavailable()
     if reason:
         raise UserError(reason)
     src = _source()
-    target = cache.root / "hf" / f"{NAME}-{_digest(src)}"
+    target = cache.root / "hf" / f"{NAME}-{file_key(src)}"
     if target.is_dir():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,7 +107,7 @@ class SmolLM2Instruct(HFCausalLMTeacher):
     @classmethod
     def key(cls) -> str:
         src = _source()
-        return config_key(NAME, _digest(src) if src.is_file() else str(src), corpus_sha(CORPUS), PROMPT_TOKENS,
+        return config_key(NAME, file_key(src) if src.is_file() else str(src), corpus_sha(CORPUS), PROMPT_TOKENS,
                           NEW_TOKENS, VERSION)
 
     @classmethod

@@ -1,0 +1,194 @@
+"""The official DiT checkpoints (Peebles & Xie, arXiv:2212.09748; facebookresearch/DiT), ARD's teacher
+(arXiv:2504.11295), loaded into our `teachers.networks.dit.DiT` from local files: the registered teachers
+`dit-xl-2-256` and `dit-xl-2-512` of the ODE-diffusion family (DDIM, eta = 0, as ARD samples and distils DiT).
+
+Files, in the folder named by `--checkpoints` or $ACCELBENCH_CHECKPOINTS (default ./checkpoints): `DiT-XL-2-256x256.pt` or
+`DiT-XL-2-512x512.pt` as facebookresearch/DiT's download.py fetches them, and the Stable Diffusion VAE
+`sd-vae-ft-ema/` (the Hugging Face folder stabilityai/sd-vae-ft-ema: config.json and its weights), which DiT's FID
+script (sample_ddp.py) decodes with: `vae.decode(latents / 0.18215)`, through diffusers' `AutoencoderKL`.
+
+What a checkpoint holds and how it differs from our module is in real_checkpoints.md §1: a raw state dict (training
+checkpoints wrap it in "ema"/"model" beside an argparse "args"), timm's key names for the patch embedding and the MLP,
+`adaLN_modulation` for our `ada`, a (1, L, d) `pos_embed` that is a frozen parameter inside the state dict (ours is a
+buffer outside it, recomputed in the official column-first layout and checked against the file), and 8 output
+channels (learned sigma). The keys are renamed one to one and loaded strictly, so a file of another architecture or
+size fails on its first unknown, missing or mis-shaped key. `tests/test_real_dit.py` holds the parity fixture made
+with the official code and the full-size key sets.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from teachers.families import ode_diffusion
+from teachers.networks.dit import DiT, DiTConfig
+
+# DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
+# Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).
+XL2 = {"depth": 28, "hidden": 1152, "heads": 16, "patch": 2}
+CHECKPOINTS = {256: "DiT-XL-2-256x256.pt", 512: "DiT-XL-2-512x512.pt"}
+LATENT_DOWNSAMPLE, LATENT_CHANNELS, N_CLASSES = 8, 4, 1000
+
+# official name -> ours (regexes over whole keys, applied in order; the first that matches renames the key)
+RENAMES = [
+    (r"x_embedder\.proj\.(weight|bias)", r"x_embedder.\1"),
+    (r"y_embedder\.embedding_table\.weight", r"y_embedder.weight"),
+    (r"blocks\.(\d+)\.mlp\.fc1\.", r"blocks.\1.mlp.0."),
+    (r"blocks\.(\d+)\.mlp\.fc2\.", r"blocks.\1.mlp.2."),
+    (r"(blocks\.\d+|final_layer)\.adaLN_modulation\.1\.", r"\1.ada.1."),
+]
+
+
+def xl2_config(image_size: int) -> DiTConfig:
+    """The DiT-XL/2 configuration for images of `image_size` pixels (256 or 512 for the released files)."""
+    if image_size % (LATENT_DOWNSAMPLE * XL2["patch"]):
+        raise UserError(f"DiT-XL/2 needs an image size divisible by {LATENT_DOWNSAMPLE * XL2['patch']}, got {image_size}")
+    return DiTConfig(image_size=image_size // LATENT_DOWNSAMPLE, channels=LATENT_CHANNELS, n_classes=N_CLASSES,
+                     learn_sigma=True, pos_layout="col-row", **XL2)
+
+
+def official_name_to_ours(key: str) -> str:
+    for pattern, repl in RENAMES:
+        new, n = re.subn(f"^{pattern}", repl, key)
+        if n:
+            return new
+    return key
+
+
+def convert_state_dict(official: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """An official DiT state dict -> (our state dict, the file's position table (L, d))."""
+    if "pos_embed" not in official:
+        raise UserError("not a DiT state dict: it has no 'pos_embed'")
+    ours = {official_name_to_ours(k): v for k, v in official.items() if k != "pos_embed"}
+    return ours, official["pos_embed"].reshape(official["pos_embed"].shape[-2:])
+
+
+def load_into(model: DiT, official: dict[str, torch.Tensor], *, pos_atol: float = 1e-6) -> DiT:
+    """Load an official state dict into `model` strictly. The file's position table is checked against the one the
+    configuration computes (so a file whose layout or size differs is refused) and then used as it is."""
+    ours, pos = convert_state_dict(official)
+    try:
+        model.load_state_dict(ours, strict=True)
+    except RuntimeError as exc:
+        detail = str(exc).splitlines()[1].strip()
+        raise UserError(f"the DiT state dict does not fit {model.cfg}: {detail[:300]}") from None
+    if pos.shape != model.pos_embed.shape or not torch.allclose(pos.float(), model.pos_embed.cpu(), atol=pos_atol):
+        raise UserError(f"the DiT state dict's pos_embed {tuple(pos.shape)} is not the {model.cfg.pos_layout} "
+                        f"sin-cos table of {tuple(model.pos_embed.shape)} this configuration computes")
+    with torch.no_grad():
+        model.pos_embed.copy_(pos)
+    return model
+
+
+def read_checkpoint(path: Path, option: str) -> dict[str, torch.Tensor]:
+    """The state dict of a local DiT file: raw as released, or the EMA weights of a training checkpoint (whose
+    argparse "args" entry `weights_only` loading refuses unless allowed, real_checkpoints.md T1)."""
+    if not path.is_file():
+        raise UserError(f"no DiT checkpoint at {path} (set {option}); the official files come from "
+                        f"facebookresearch/DiT (download.py: {', '.join(CHECKPOINTS.values())})")
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    for wrapper in ("ema", "model"):
+        if isinstance(blob, dict) and wrapper in blob and isinstance(blob[wrapper], dict):
+            return blob[wrapper]
+    return blob
+
+
+VAE_FOLDER = "sd-vae-ft-ema"  # sample_ddp.py's default (--vae ema), the FID setting; sample.py uses sd-vae-ft-mse
+VAE_SCALE = 0.18215  # DiT hard-codes the SD latent scale
+VERSION = 1  # bump when a change alters what the same files give
+
+
+class OfficialDiT:
+    """DiT-XL/2 at 256 px, facebookresearch/DiT's DiT-XL-2-256x256.pt on SD-VAE latents; 1000 ImageNet classes.
+
+    Classifier-free guidance as the official `forward_with_cfg` does it: on the first 3 of the 4 latent channels of
+    eps only (the fourth keeps the conditional eps; real_checkpoints.md §1d, trap T6). The learned variance half of
+    the output is not used: DDIM (eta = 0) needs eps alone."""
+
+    family: ClassVar = ode_diffusion.FAMILY
+    modality: ClassVar[str] = "image"
+    image_size: ClassVar[int] = 256  # pixels; the network sees image_size / 8 latent cells a side
+    cfg_channels: ClassVar[int] = 3  # eps channels guided (the official code's "for exact reproducibility")
+
+    def __init__(self, name: str, network: DiT, vae, info: dict):
+        self.name, self.network, self.vae, self.info = name, network.eval().requires_grad_(False), vae, info
+        c = network.cfg
+        self.image_shape = (c.channels, c.image_size, c.image_size)  # (4, s/8, s/8) latents
+        self.n_classes = c.n_classes
+
+    @classmethod
+    def config(cls) -> DiTConfig:
+        return xl2_config(cls.image_size)
+
+    @classmethod
+    def files(cls) -> tuple[Path, Path]:
+        """(the DiT checkpoint, the VAE folder) this teacher reads."""
+        root = checkpoint_dir()
+        return root / CHECKPOINTS[cls.image_size], root / VAE_FOLDER
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        ckpt, vae = cls.files()
+        missing = [str(p) for p in (ckpt, vae / "config.json") if not p.is_file()]
+        if missing:
+            return (f"missing {' and '.join(missing)}: place {ckpt.name} (facebookresearch/DiT download.py) and the "
+                    f"{VAE_FOLDER} folder (stabilityai/{VAE_FOLDER}) in {ckpt.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
+        return None
+
+    @classmethod
+    def key(cls) -> str:
+        ckpt, vae = cls.files()
+        ids = [file_key(p) if p.is_file() else str(p) for p in (ckpt, vae / "config.json")]
+        return config_key("official-dit", dataclasses.asdict(cls.config()), ids, cls.cfg_channels, VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "OfficialDiT":
+        from diffusers import AutoencoderKL
+
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        ckpt, vae_dir = cls.files()
+        network = load_into(DiT(cls.config()), read_checkpoint(ckpt, CHECKPOINTS_ENV))
+        vae = AutoencoderKL.from_pretrained(vae_dir, local_files_only=True).eval().requires_grad_(False)
+        info = {"n_params": sum(p.numel() for p in network.parameters()) + network.pos_embed.numel()}
+        return cls(name, network.to(device), vae.to(device), info)
+
+    # ---- the ODEDiffusionTeacher protocol -------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n uniformly drawn class ids, (n, 1), on the generator's device."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device)
+
+    @torch.inference_mode()
+    def eps(self, x, t, cond, *, cfg):  # (B, C, h, w), (B,), (B, 1) -> (B, C, h, w)
+        C, y = self.image_shape[0], cond[:, 0]
+        if cfg == 1.0:  # the official samplers skip the unconditional half when the scale is 1
+            return self.network(x, t, y)[:, :C]
+        e_c, e_u = self.network(torch.cat([x, x]), torch.cat([t, t]),
+                                torch.cat([y, torch.full_like(y, self.n_classes)]))[:, :C].chunk(2)
+        k = self.cfg_channels
+        return torch.cat([e_u[:, :k] + cfg * (e_c[:, :k] - e_u[:, :k]), e_c[:, k:]], 1)
+
+    @torch.inference_mode()
+    def decode(self, x: torch.Tensor) -> torch.Tensor:  # latents (B, 4, h, w) -> images (B, 3, 8h, 8w) in [0, 1]
+        return ((self.vae.decode(x / VAE_SCALE).sample + 1) / 2).clamp(0, 1)
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        from torchvision.models import ResNet50_Weights  # ImageNet's class names ship in torchvision's code
+
+        names = ResNet50_Weights.IMAGENET1K_V1.meta["categories"]
+        return [names[c] for c in cond[:, 0].tolist()]
+
+
+class OfficialDiT512(OfficialDiT):
+    """DiT-XL/2 at 512 px, facebookresearch/DiT's DiT-XL-2-512x512.pt on SD-VAE latents; otherwise as dit-xl-2-256."""
+
+    image_size: ClassVar[int] = 512

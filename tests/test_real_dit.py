@@ -1,0 +1,136 @@
+"""The official DiT checkpoints load into our DiT (teachers/pretrained/dit.py), proved without the weights: a golden
+parity fixture made with the official code (tests/fixtures/dit/MAKING.md) and the full-size key sets."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.errors import UserError
+from teachers.networks.dit import DiT, DiTConfig
+from teachers.pretrained import dit as real_dit
+
+FIXTURES = Path(__file__).parent / "fixtures" / "dit"
+
+
+def tiny_config(fixture: dict, **overrides) -> DiTConfig:
+    c = fixture["config"]
+    assert c["class_dropout_prob"] > 0 and c["mlp_ratio"] == 4.0  # the null class exists; our MLP is 4x wide
+    return DiTConfig(**{"image_size": c["input_size"], "channels": c["in_channels"], "patch": c["patch_size"],
+                        "n_classes": c["num_classes"], "hidden": c["hidden_size"], "depth": c["depth"],
+                        "heads": c["num_heads"], "learn_sigma": c["learn_sigma"], "pos_layout": "col-row",
+                        **overrides})
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return torch.load(FIXTURES / "dit_tiny_parity.pt", weights_only=True)
+
+
+def test_official_dit_outputs_are_reproduced(fixture):
+    model = real_dit.load_into(DiT(tiny_config(fixture)), fixture["state_dict"]).eval()
+    with torch.no_grad():
+        out = model(fixture["x"], fixture["t"], fixture["y"])  # (B, 2C, H, W): eps, then v
+    assert out.shape == fixture["out"].shape == (3, 8, 8, 8)
+    assert (out - fixture["out"]).abs().max() <= 1e-5
+
+
+def test_our_tiny_teachers_position_layout_is_refused_and_would_not_match(fixture):
+    """The broken variant: our tiny teachers' row-first positions. The loader refuses the file's table, and a model
+    run with its own row-first table gives other outputs."""
+    model = DiT(tiny_config(fixture, pos_layout="row-col")).eval()
+    with pytest.raises(UserError, match="not the row-col sin-cos table"):
+        real_dit.load_into(model, fixture["state_dict"])
+    ours, _ = real_dit.convert_state_dict(fixture["state_dict"])
+    model.load_state_dict(ours, strict=True)
+    with torch.no_grad():
+        out = model(fixture["x"], fixture["t"], fixture["y"])
+    assert (out - fixture["out"]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("image_size", sorted(real_dit.CHECKPOINTS))
+def test_full_size_key_sets_equal_the_official_checkpoints(image_size):
+    """DiT-XL/2 at full size on the meta device: every official key, renamed, is one of ours with the official
+    shape, and none is left over on either side, so a strict load of the real file cannot fail on names or shapes."""
+    official = json.loads((FIXTURES / real_dit.CHECKPOINTS[image_size].replace(".pt", ".keys.json")).read_text())
+    with torch.device("meta"):
+        model = DiT(real_dit.xl2_config(image_size))
+    ours = {k: list(v.shape) for k, v in model.state_dict().items()}
+    renamed = {real_dit.official_name_to_ours(k): shape for k, shape in official["keys"].items() if k != "pos_embed"}
+    assert renamed == ours
+    assert official["keys"]["pos_embed"] == [1, *model.pos_embed.shape]
+    n_params = sum(v.numel() for v in model.state_dict().values()) + model.pos_embed.numel()
+    assert n_params == official["n_params"]
+
+
+def test_a_file_of_another_size_or_kind_is_one_clear_error(fixture, tmp_path):
+    with pytest.raises(UserError, match="does not fit"):
+        real_dit.load_into(DiT(tiny_config(fixture, depth=3)), fixture["state_dict"])
+    with pytest.raises(UserError, match="no 'pos_embed'"):
+        real_dit.convert_state_dict({"x_embedder.proj.weight": torch.zeros(1)})
+
+
+def test_checkpoint_files_raw_wrapped_and_missing(fixture, tmp_path):
+    import argparse
+
+    sd = fixture["state_dict"]
+    torch.save(sd, tmp_path / "raw.pt")
+    torch.save({"model": {}, "ema": sd, "opt": {}, "args": argparse.Namespace(model="DiT-XL/2")}, tmp_path / "train.pt")
+    for name in ("raw.pt", "train.pt"):
+        blob = real_dit.read_checkpoint(tmp_path / name, "--param checkpoint")
+        assert blob.keys() == sd.keys() and all(torch.equal(blob[k], sd[k]) for k in sd)
+    with pytest.raises(UserError, match=r"no DiT checkpoint at .*missing.pt \(set --param checkpoint\)"):
+        real_dit.read_checkpoint(tmp_path / "missing.pt", "--param checkpoint")
+
+
+FAST = {"ddim": ["steps=8"], **{m: ["steps=8", "n_traj=8", "train_steps=2", "batch=4"] for m in ("kd", "step-distill", "ard")}}
+
+
+def test_the_official_dit_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path):
+    """`tiny-official-dit` (tests/plugins.py): the official-layout loader on tiny random-weight files, through every
+    method of the ODE-diffusion family by the CLI into MLflow (samples decoded by the VAE), then into a report."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from bench.registry import METHODS
+    from teachers.families import ode_diffusion
+
+    assert sorted(FAST) == sorted(n for n, c in METHODS.items() if ode_diffusion.FAMILY in c.families)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    for method, params in FAST.items():
+        args = ["run", "--teacher", "tiny-official-dit", "--method", method, "--n-samples", "4", "--batch-size", "2",
+                "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "real-dit",
+                "--warmup", "0", "--no-progress", *(a for p in params for a in ("--param", p))]
+        assert cli.main(args) == 0, method
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("real-dit").experiment_id])
+    assert sorted(r.data.params["method"] for r in runs) == sorted(FAST)
+    assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 8 for r in runs)
+    assert {a.path for a in client.list_artifacts(runs[0].info.run_id)} >= {"samples.png", "ref_samples.png"}
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "real-dit", "--out", str(tmp_path / "r")]) == 0
+    report = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "## tiny-official-dit" in report and "| ard |" in report
+
+
+def test_ard_refuses_its_gan_fine_tune_without_real_images():
+    from methods.ard import ARD, ARDConfig
+    from tests.fakes import make_config, tiny_official_dit_teacher
+
+    with pytest.raises(UserError, match="needs the teacher's real images"):
+        ARD(tiny_official_dit_teacher(), make_config(ARDConfig, gan_steps=2))
+
+
+def test_missing_files_are_one_line_naming_them_the_option_and_the_source(tmp_path, capsys):
+    from bench import cli
+
+    folder = tmp_path / "ckpts"
+    assert cli.main(["list", "--checkpoints", str(folder)]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("dit-xl-2-256 ")]
+    assert len(listed) == 1 and f"missing {folder}/DiT-XL-2-256x256.pt" in listed[0]
+    args = ["run", "--teacher", "dit-xl-2-512", "--method", "ard", "--checkpoints", str(folder),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "cache")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {folder}/DiT-XL-2-512x512.pt and {folder}/sd-vae-ft-ema/config.json" in err
+    assert "facebookresearch/DiT" in err and "--checkpoints or ACCELBENCH_CHECKPOINTS" in err
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "cache").exists()  # refused before any work
