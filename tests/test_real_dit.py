@@ -83,7 +83,8 @@ def test_checkpoint_files_raw_wrapped_and_missing(fixture, tmp_path):
         real_dit.read_checkpoint(tmp_path / "missing.pt", "--param checkpoint")
 
 
-FAST = {"ddim": ["steps=8"], **{m: ["steps=8", "n_traj=8", "train_steps=2", "batch=4"] for m in ("kd", "step-distill", "ard")}}
+FAST = {"ddim": ["steps=8"],
+        **{m: ["steps=8", "n_traj=8", "train_steps=2", "batch=4"] for m in ("kd", "step-distill", "ard")}}
 
 
 def test_the_official_dit_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path):

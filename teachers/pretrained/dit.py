@@ -2,10 +2,11 @@
 (arXiv:2504.11295), loaded into our `teachers.networks.dit.DiT` from local files: the registered teachers
 `dit-xl-2-256` and `dit-xl-2-512` of the ODE-diffusion family (DDIM, eta = 0, as ARD samples and distils DiT).
 
-Files, in the folder named by `--checkpoints` or $ACCELBENCH_CHECKPOINTS (default ./checkpoints): `DiT-XL-2-256x256.pt` or
-`DiT-XL-2-512x512.pt` as facebookresearch/DiT's download.py fetches them, and the Stable Diffusion VAE
-`sd-vae-ft-ema/` (the Hugging Face folder stabilityai/sd-vae-ft-ema: config.json and its weights), which DiT's FID
-script (sample_ddp.py) decodes with: `vae.decode(latents / 0.18215)`, through diffusers' `AutoencoderKL`.
+Files, in the folder named by `--checkpoints` or $ACCELBENCH_CHECKPOINTS (default ./checkpoints):
+`DiT-XL-2-256x256.pt` or `DiT-XL-2-512x512.pt` as facebookresearch/DiT's download.py fetches them, and the Stable
+Diffusion VAE `sd-vae-ft-ema/` (the Hugging Face folder stabilityai/sd-vae-ft-ema: config.json and its weights),
+which DiT's FID script (sample_ddp.py) decodes with: `vae.decode(latents / 0.18215)`, through diffusers'
+`AutoencoderKL`.
 
 What a checkpoint holds and how it differs from our module is in real_checkpoints.md §1: a raw state dict (training
 checkpoints wrap it in "ema"/"model" beside an argparse "args"), timm's key names for the patch embedding and the MLP,
@@ -49,7 +50,8 @@ RENAMES = [
 def xl2_config(image_size: int) -> DiTConfig:
     """The DiT-XL/2 configuration for images of `image_size` pixels (256 or 512 for the released files)."""
     if image_size % (LATENT_DOWNSAMPLE * XL2["patch"]):
-        raise UserError(f"DiT-XL/2 needs an image size divisible by {LATENT_DOWNSAMPLE * XL2['patch']}, got {image_size}")
+        raise UserError(f"DiT-XL/2 needs an image size divisible by {LATENT_DOWNSAMPLE * XL2['patch']}, "
+                        f"got {image_size}")
     return DiTConfig(image_size=image_size // LATENT_DOWNSAMPLE, channels=LATENT_CHANNELS, n_classes=N_CLASSES,
                      learn_sigma=True, pos_layout="col-row", **XL2)
 
@@ -140,7 +142,8 @@ class OfficialDiT:
         missing = [str(p) for p in (ckpt, vae / "config.json") if not p.is_file()]
         if missing:
             return (f"missing {' and '.join(missing)}: place {ckpt.name} (facebookresearch/DiT download.py) and the "
-                    f"{VAE_FOLDER} folder (stabilityai/{VAE_FOLDER}) in {ckpt.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
+                    f"{VAE_FOLDER} folder (stabilityai/{VAE_FOLDER}) in {ckpt.parent}, or name their folder with "
+                    f"--checkpoints or {CHECKPOINTS_ENV}")
         return None
 
     @classmethod
