@@ -159,7 +159,40 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nn.Module):
+class GuidedDecoding:
+    """Cached decoding with classifier-free guidance branches, for a network with `cfg` (the cache's shape:
+    n_layer, n_head, n_embd, cond_len, seq_len), `embed_condition`, `embed_tokens`, `trunk(x, cache)` and `logits`."""
+
+    def new_cache(self, batch: int, ragged: bool = False) -> KVCache:
+        p = next(self.parameters())
+        return (RaggedKVCache if ragged else KVCache)(self.cfg, batch, p.device, p.dtype)
+
+    def prefill(self, cond, cache: KVCache):
+        """Consume the condition; return the output for the first token, (B, V) or (B, n_embd)."""
+        return self.logits(self.trunk(self.embed_condition(cond), cache))[:, -1]
+
+    def extend(self, tokens, cache: KVCache):
+        """Append tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
+        the token after t."""
+        return self.logits(self.trunk(self.embed_tokens(tokens), cache))
+
+    def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False):
+        """Prefill the condition (B, P), and with cfg != 1 its unconditional twin (all `null_id`) as rows B..2B-1;
+        returns the state and the outputs for the first token, (B or 2B, ...)."""
+        B, P = cond.shape
+        if cfg != 1.0:
+            cond = torch.cat([cond, torch.full_like(cond, null_id)])
+        state = GuidedState(self.new_cache(len(cond), ragged), cfg, B, P)
+        return state, self.prefill(cond, state.cache)
+
+    def extend_guided(self, state: GuidedState, tokens: torch.Tensor):
+        """`extend` for every branch: both CFG branches see the same tokens (B, L[, D]) -> (B or 2B, L, ...)."""
+        if state.cfg != 1.0:
+            tokens = torch.cat([tokens, tokens])
+        return self.extend(tokens, state.cache)
+
+
+class GPT(GuidedDecoding, nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -227,40 +260,12 @@ class GPT(nn.Module):
         """(B, L, d) -> (B, L, V) logits, or the hidden states themselves for continuous tokens."""
         return self.head(h)
 
-    def _run(self, x, cache=None):
-        return self.head(self.trunk(x, cache))
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) ids or (B, L, D) vectors -> (B, L, d)."""
+        return self.tok_emb(tokens)
 
     def forward(self, cond, tokens):
         """Teacher-forced outputs for every token: cond (B, P), tokens (B, N) or (B, N, D) -> (B, N, V)
         logits, or (B, N, n_embd) hidden states for continuous tokens."""
         x = torch.cat([self.cond_emb(cond), self.tok_emb(tokens[:, :-1])], dim=1)  # (B, P+N-1, C)
-        return self._run(x)[:, self.cfg.cond_len - 1 :]
-
-    def new_cache(self, batch: int, ragged: bool = False) -> KVCache:
-        p = next(self.parameters())
-        return (RaggedKVCache if ragged else KVCache)(self.cfg, batch, p.device, p.dtype)
-
-    def prefill(self, cond, cache: KVCache):
-        """Consume the condition; return the output for the first token, (B, V) or (B, n_embd)."""
-        return self._run(self.cond_emb(cond), cache)[:, -1]
-
-    def extend(self, tokens, cache: KVCache):
-        """Append tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
-        the token after t."""
-        return self._run(self.tok_emb(tokens), cache)
-
-    # ---- decoding with classifier-free guidance branches ------------------------------------------------------
-    def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False):
-        """Prefill the condition (B, P), and with cfg != 1 its unconditional twin (all `null_id`) as rows B..2B-1;
-        returns the state and the outputs for the first token, (B or 2B, ...)."""
-        B, P = cond.shape
-        if cfg != 1.0:
-            cond = torch.cat([cond, torch.full_like(cond, null_id)])
-        state = GuidedState(self.new_cache(len(cond), ragged), cfg, B, P)
-        return state, self.prefill(cond, state.cache)
-
-    def extend_guided(self, state: GuidedState, tokens: torch.Tensor):
-        """`extend` for every branch: both CFG branches see the same tokens (B, L[, D]) -> (B or 2B, L, ...)."""
-        if state.cfg != 1.0:
-            tokens = torch.cat([tokens, tokens])
-        return self.extend(tokens, state.cache)
+        return self.logits(self.trunk(x))[:, self.cfg.cond_len - 1 :]

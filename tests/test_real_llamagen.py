@@ -1,0 +1,58 @@
+"""LlamaGen's class-to-image GPT (teachers/networks/llamagen.py) in the official names, proved without the weights: a
+golden parity fixture made with the official code (tests/fixtures/llamagen/MAKING.md) and the full-size key sets."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from teachers.networks.llamagen import SIZES, LlamaGenConfig, LlamaGenGPT, size_config
+
+FIXTURES = Path(__file__).parent / "fixtures" / "llamagen"
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return torch.load(FIXTURES / "llamagen_tiny_parity.pt", weights_only=True)
+
+
+def tiny(fixture) -> LlamaGenGPT:
+    a = fixture["args"]
+    hidden = -(-int(2 * 4 * a["dim"] / 3) // a["multiple_of"]) * a["multiple_of"]  # gpt.py's find_multiple
+    cfg = LlamaGenConfig(vocab_size=a["vocab_size"], num_classes=a["num_classes"], seq_len=a["block_size"],
+                         n_layer=a["n_layer"], n_head=a["n_head"], n_embd=a["dim"], ffn_hidden=hidden)
+    model = LlamaGenGPT(cfg).eval()
+    model.load_state_dict(fixture["state_dict"], strict=True)
+    return model
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_official_logits_are_reproduced_through_the_kv_cache(fixture, ragged):
+    """The official inference path: prefill the class token, then tokens 1..15 in one cached call."""
+    model, cond, tokens = tiny(fixture), fixture["cond"][:, None], fixture["tokens"]
+    with torch.no_grad():
+        state, first = model.start(cond, cfg=1.0, null_id=10, ragged=ragged)  # (B, V)
+        rest = model.extend_guided(state, tokens[:, :15])  # (B, 15, V)
+        forced = model(cond, tokens)  # teacher-forced, no cache: (B, 16, V)
+    logits = torch.cat([first[:, None], rest], 1)
+    assert (logits - fixture["logits"]).abs().max() <= 1e-5
+    assert (forced - fixture["logits"]).abs().max() <= 1e-5
+
+
+def test_a_class_token_rotated_as_position_zero_would_not_match(fixture):
+    """The broken variant: standard RoPE leaves position 0 as it is (cos 1, sin 0); LlamaGen zeroes the class
+    token's query and key instead (real_checkpoints.md §2d)."""
+    model = tiny(fixture)
+    model.rope[0, :, 0], model.rope[0, :, 1] = 1.0, 0.0
+    with torch.no_grad():
+        forced = model(fixture["cond"][:, None], fixture["tokens"])
+    assert (forced - fixture["logits"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
+def test_full_size_key_sets_equal_the_official_checkpoints(name):
+    official = json.loads((FIXTURES / f"{name}.keys.json").read_text())
+    with torch.device("meta"):
+        model = LlamaGenGPT(size_config(name, 256))
+    assert {k: list(v.shape) for k, v in model.state_dict().items()} == official["keys"]
+    assert sum(v.numel() for v in model.state_dict().values()) == official["n_params"]
