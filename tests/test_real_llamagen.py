@@ -1,5 +1,6 @@
-"""LlamaGen's class-to-image GPT (teachers/networks/llamagen.py) in the official names, proved without the weights: a
-golden parity fixture made with the official code (tests/fixtures/llamagen/MAKING.md) and the full-size key sets."""
+"""LlamaGen's class-to-image GPT and VQ-16 decoder (teachers/networks/llamagen.py, vq16.py) in the official names,
+proved without the weights: golden parity fixtures made with the official code (tests/fixtures/llamagen/MAKING.md)
+and the full-size key sets."""
 import json
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from teachers.networks.llamagen import SIZES, LlamaGenConfig, LlamaGenGPT, size_config
+from teachers.networks.vq16 import UNUSED_PREFIXES, VQ16Decoder, VQDecoderConfig, load_decoder_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamagen"
 
@@ -56,3 +58,44 @@ def test_full_size_key_sets_equal_the_official_checkpoints(name):
         model = LlamaGenGPT(size_config(name, 256))
     assert {k: list(v.shape) for k, v in model.state_dict().items()} == official["keys"]
     assert sum(v.numel() for v in model.state_dict().values()) == official["n_params"]
+
+
+def tiny_vq(fixture) -> VQ16Decoder:
+    c = fixture["config"]
+    cfg = VQDecoderConfig(codebook_size=c["codebook_size"], embed_dim=c["codebook_embed_dim"],
+                          z_channels=c["z_channels"], ch=c["ch"], ch_mult=tuple(c["ch_mult"]),
+                          num_res_blocks=c["num_res_blocks"])
+    official = {k: v.float() if v.is_floating_point() else v for k, v in fixture["state_dict"].items()}
+    return load_decoder_state(VQ16Decoder(cfg), official).eval()
+
+
+@pytest.fixture(scope="module")
+def vq_fixture():
+    return torch.load(FIXTURES / "vq_tiny_parity.pt", weights_only=True)
+
+
+def test_official_vq_decoding_is_reproduced(vq_fixture):
+    with torch.no_grad():
+        image = tiny_vq(vq_fixture)(vq_fixture["codes"], (4, 4))
+    assert image.shape == vq_fixture["image"].shape == (2, 3, 8, 8)
+    assert (image - vq_fixture["image"]).abs().max() <= 1e-5
+
+
+def test_vq_decoding_without_the_codebooks_l2_norm_would_not_match(vq_fixture):
+    """The broken variant: the stored codebook rows are not unit norm; the official lookup normalises them."""
+    model = tiny_vq(vq_fixture)
+    with torch.no_grad():
+        z = model.quantize.embedding.weight[vq_fixture["codes"]].reshape(2, 4, 4, -1).permute(0, 3, 1, 2)
+        image = model.decoder(model.post_quant_conv(z))
+    assert (image - vq_fixture["image"]).abs().max() > 1e-2
+
+
+def test_vq16_key_set_is_the_official_one_less_what_decoding_never_reads(vq_fixture):
+    official = json.loads((FIXTURES / "VQ-16.keys.json").read_text())["keys"]
+    with torch.device("meta"):
+        model = VQ16Decoder(VQDecoderConfig())
+    kept = {k: v for k, v in official.items() if not k.startswith(UNUSED_PREFIXES)}
+    assert {k: list(v.shape) for k, v in model.state_dict().items()} == kept
+    assert {k.split(".")[0] for k in official if k not in kept} == {"encoder", "quant_conv", "quantize"}
+    with pytest.raises(RuntimeError, match="Unexpected key"):  # anything else in the file is refused
+        load_decoder_state(tiny_vq(vq_fixture), {**vq_fixture["state_dict"], "decoder.extra": torch.zeros(1)})
