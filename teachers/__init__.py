@@ -26,6 +26,13 @@ TEACHERS.register("wordnet-gpt", "teachers.tiny.zoo:WordNetGPT")
 TEACHERS.register("smollm2-135m-instruct", "teachers.pretrained.smollm2:SmolLM2Instruct")
 TEACHERS.register("dit-xl-2-256", "teachers.pretrained.dit:OfficialDiT")
 TEACHERS.register("dit-xl-2-512", "teachers.pretrained.dit:OfficialDiT512")
+TEACHERS.register("llamagen-b-256", "teachers.pretrained.llamagen:LlamaGenC2I")
+TEACHERS.register("llamagen-b-384", "teachers.pretrained.llamagen:LlamaGenB384")
+TEACHERS.register("llamagen-l-256", "teachers.pretrained.llamagen:LlamaGenL256")
+TEACHERS.register("llamagen-l-384", "teachers.pretrained.llamagen:LlamaGenL384")
+TEACHERS.register("llamagen-xl-384", "teachers.pretrained.llamagen:LlamaGenXL384")
+TEACHERS.register("llamagen-xxl-384", "teachers.pretrained.llamagen:LlamaGenXXL384")
+TEACHERS.register("llamagen-3b-384", "teachers.pretrained.llamagen:LlamaGen3B384")
 
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
 

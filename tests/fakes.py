@@ -9,6 +9,7 @@ import torch
 
 from teachers.families import ar_token, continuous_ar
 from teachers.pretrained.dit import OfficialDiT
+from teachers.pretrained.llamagen import LlamaGenC2I
 
 
 @dataclass
@@ -270,6 +271,51 @@ class TinyOfficialDiT(OfficialDiT):
 def tiny_official_dit_teacher(device="cpu"):
     """`TinyOfficialDiT`, loaded through `OfficialDiT.load`."""
     return TinyOfficialDiT.load("tiny-official-dit", cache=None, device=torch.device(device))
+
+
+def _tiny_llamagen_files():
+    """A folder with the parity fixtures' LlamaGen GPT (under "model", as released; 10 classes, 32 codes, 4 x 4
+    tokens) and VQ decoder (32 x 8 codebook, one upsampling: 8 x 8 images)."""
+    import tempfile
+    from pathlib import Path
+
+    if "llamagen" not in _FILES:
+        _FILES["llamagen"] = tempfile.TemporaryDirectory(prefix="tiny-llamagen-")
+        folder, fixtures = Path(_FILES["llamagen"].name), Path(__file__).parent / "fixtures" / "llamagen"
+        gpt = torch.load(fixtures / "llamagen_tiny_parity.pt", weights_only=True)
+        vq = torch.load(fixtures / "vq_tiny_parity.pt", weights_only=True)
+        torch.save({"model": gpt["state_dict"], "args": None}, folder / "c2i_tiny.pt")
+        torch.save({"model": {k: v.float() if v.is_floating_point() else v for k, v in vq["state_dict"].items()}},
+                   folder / "vq_tiny.pt")
+    return Path(_FILES["llamagen"].name)
+
+
+class TinyLlamaGen(LlamaGenC2I):
+    """The LlamaGen loader on tiny random-weight files, written to disk and read back as the real files would be
+    (`tiny-llamagen` in tests/plugins.py)."""
+
+    @classmethod
+    def config(cls):
+        from teachers.networks.llamagen import LlamaGenConfig
+
+        return LlamaGenConfig(vocab_size=32, num_classes=10, seq_len=16, n_layer=2, n_head=4, n_embd=32,
+                              ffn_hidden=96)
+
+    @classmethod
+    def vq_config(cls):
+        from teachers.networks.vq16 import VQDecoderConfig
+
+        return VQDecoderConfig(codebook_size=32, embed_dim=8, z_channels=32, ch=32, ch_mult=(1, 1), num_res_blocks=1)
+
+    @classmethod
+    def files(cls):
+        folder = _tiny_llamagen_files()
+        return folder / "c2i_tiny.pt", folder / "vq_tiny.pt"
+
+
+def tiny_llamagen_teacher(device="cpu"):
+    """`TinyLlamaGen`, loaded through `LlamaGenC2I.load`."""
+    return TinyLlamaGen.load("tiny-llamagen", cache=None, device=torch.device(device))
 
 
 class CharTokenizer:

@@ -13,10 +13,11 @@ from bench.runner import RUN_FIELDS
 from methods.base import OwnSampler
 from teachers.families import ar_token, continuous_ar, masked_diffusion, ode_diffusion
 from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher,
-                         tiny_mar_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher)
+                         tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
+                         tiny_text_gpt_teacher)
 
 FAMILIES = (ar_token.FAMILY, continuous_ar.FAMILY, ode_diffusion.FAMILY, masked_diffusion.FAMILY)
-FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher],
+FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher],
          continuous_ar.FAMILY: [LinearGaussianAR, tiny_mar_teacher],
          ode_diffusion.FAMILY: [tiny_dit_teacher, tiny_official_dit_teacher],
          masked_diffusion.FAMILY: [tiny_mdlm_teacher]}

@@ -16,8 +16,8 @@ import torch
 from bench.cache import Cache
 from bench.registry import METHODS, METRICS
 from methods.base import OwnSampler
-from tests.fakes import (tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_mar_teacher, tiny_mdlm_teacher,
-                         tiny_official_dit_teacher, tiny_text_gpt_teacher)
+from tests.fakes import (tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
+                         tiny_mar_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher)
 
 DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     reason="no CUDA device here (torch.cuda.is_available() is False): run `make gpu-check` on a GPU machine")]
 
 # The fakes whose state lives in tensors (the table fakes compute in Python on the CPU), by family name.
-FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher],
+FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher],
          "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher, tiny_official_dit_teacher],
          "masked-diffusion-lm": [tiny_mdlm_teacher]}
 FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},

@@ -1,6 +1,7 @@
 """LlamaGen's class-to-image GPT and VQ-16 decoder (teachers/networks/llamagen.py, vq16.py) in the official names,
 proved without the weights: golden parity fixtures made with the official code (tests/fixtures/llamagen/MAKING.md)
 and the full-size key sets."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -99,3 +100,60 @@ def test_vq16_key_set_is_the_official_one_less_what_decoding_never_reads(vq_fixt
     assert {k.split(".")[0] for k in official if k not in kept} == {"encoder", "quant_conv", "quantize"}
     with pytest.raises(RuntimeError, match="Unexpected key"):  # anything else in the file is refused
         load_decoder_state(tiny_vq(vq_fixture), {**vq_fixture["state_dict"], "decoder.extra": torch.zeros(1)})
+
+
+AR_FAST = {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"],
+           "dd": ["n_pairs=16", "train_steps=2", "batch=4", "solver_steps=2"], "onestep*": ["n_pairs=16"],
+           "skip-n": ["n_pairs=16", "skip=4"]}
+
+
+def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(plugin, tmp_path):
+    """`tiny-llamagen` (tests/plugins.py): the LlamaGen loader on tiny random-weight files (GPT under "model", VQ
+    decoder), through every image method of the AR-token family by the CLI into MLflow, then into a report."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from bench.registry import METHODS
+    from teachers.families import ar_token
+
+    assert sorted(AR_FAST) == sorted(n for n, c in METHODS.items()
+                                     if ar_token.FAMILY in c.families and "image" in c.modalities)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    for method, params in AR_FAST.items():
+        batch = "1" if METHODS.get(method).batch_size_one else "2"
+        args = ["run", "--teacher", "tiny-llamagen", "--method", method, "--n-samples", "4", "--batch-size", batch,
+                "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "llamagen",
+                "--warmup", "0", "--no-progress", "--param", "cfg=2.0", *(a for p in params for a in ("--param", p))]
+        assert cli.main(args) == 0, method
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("llamagen").experiment_id])
+    assert sorted(r.data.params["method"] for r in runs) == sorted(AR_FAST)
+    assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 16 for r in runs)
+    (ar,) = [r for r in runs if r.data.params["method"] == "ar"]  # the teacher against itself: the same samples
+    assert ar.data.metrics["nfe_per_sample"] == 16 and ar.data.params["cfg"] == "2.0"
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "llamagen", "--out", str(tmp_path / "r")]) == 0
+    assert "## tiny-llamagen" in (tmp_path / "r" / "REPORT.md").read_text()
+
+
+def test_missing_llamagen_files_are_one_line(tmp_path, capsys):
+    from bench import cli
+
+    args = ["run", "--teacher", "llamagen-xl-384", "--method", "sjd", "--checkpoints", str(tmp_path),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/c2i_XL_384.pt and {tmp_path}/vq_ds16_c2i.pt" in err
+    assert "FoundationVision/LlamaGen" in err and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_checkpoint_of_another_size_is_one_clear_error(tmp_path):
+    from bench.errors import UserError
+    from tests.fakes import TinyLlamaGen
+
+    class Wrong(TinyLlamaGen):
+        @classmethod
+        def config(cls):
+            return dataclasses.replace(super().config(), n_layer=3)
+
+    with pytest.raises(UserError, match="does not fit GPT-B"):
+        Wrong.load("wrong", cache=None, device=torch.device("cpu"))

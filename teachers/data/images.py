@@ -133,3 +133,11 @@ def load_image_dataset(name: str, split: str, size: int) -> ImageDataset:
     if split not in SPLITS:
         raise UserError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     return _LOADERS[_known(name)](split, size)
+
+
+def imagenet_class_names() -> list[str]:
+    """The 1000 ImageNet-1k class names in label order (the class conditions of DiT and LlamaGen), from torchvision's
+    code: nothing is downloaded."""
+    from torchvision.models import ResNet50_Weights
+
+    return ResNet50_Weights.IMAGENET1K_V1.meta["categories"]

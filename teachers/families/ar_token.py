@@ -81,6 +81,33 @@ class ARTokenTeacher(Protocol):
     # `companion_lm`, a registered causal LM of the same corpus (`gen_ppl@tiny`).
 
 
+class GuidedNetworkTeacher:
+    """`start`, `extend` and `rollback` of a teacher whose network decodes with CFG branches
+    (`teachers.networks.gpt.GuidedDecoding`): the guided logits are u + s (c - u), the unconditional branch's
+    condition all `null_id` (LlamaGen's `generate`, real_checkpoints.md §2e)."""
+
+    null_id: int
+
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: float):
+        state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id)
+        return state, _guide(state, logits)
+
+    @torch.inference_mode()
+    def extend(self, state, tokens: torch.Tensor) -> torch.Tensor:
+        return _guide(state, self.network.extend_guided(state, tokens))
+
+    def rollback(self, state, length: int) -> None:
+        state.cache.truncate(state.cond_len + length)
+
+
+def _guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)
+    if state.cfg == 1.0:
+        return logits
+    cond, uncond = logits[: state.batch], logits[state.batch :]
+    return uncond + state.cfg * (cond - uncond)
+
+
 def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
     """(..., V) guided logits -> (..., V) sampling distribution: temperature, top-k, softmax, then nucleus.
 

@@ -18,7 +18,6 @@ with the official code and the full-size key sets.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -28,8 +27,10 @@ import torch
 
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
 from bench.errors import UserError
+from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig
+from teachers.pretrained.files import read_state_dict
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
 # Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).
@@ -90,17 +91,11 @@ def load_into(model: DiT, official: dict[str, torch.Tensor], *, pos_atol: float 
 
 
 def read_checkpoint(path: Path, option: str) -> dict[str, torch.Tensor]:
-    """The state dict of a local DiT file: raw as released, or the EMA weights of a training checkpoint (whose
-    argparse "args" entry `weights_only` loading refuses unless allowed, real_checkpoints.md T1)."""
+    """The state dict of a local DiT file: raw as released, or the EMA weights of a training checkpoint."""
     if not path.is_file():
         raise UserError(f"no DiT checkpoint at {path} (set {option}); the official files come from "
                         f"facebookresearch/DiT (download.py: {', '.join(CHECKPOINTS.values())})")
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    for wrapper in ("ema", "model"):
-        if isinstance(blob, dict) and wrapper in blob and isinstance(blob[wrapper], dict):
-            return blob[wrapper]
-    return blob
+    return read_state_dict(path, ("ema", "model"))
 
 
 VAE_FOLDER = "sd-vae-ft-ema"  # sample_ddp.py's default (--vae ema), the FID setting; sample.py uses sd-vae-ft-mse
@@ -185,9 +180,7 @@ class OfficialDiT:
         return ((self.vae.decode(x / VAE_SCALE).sample + 1) / 2).clamp(0, 1)
 
     def captions(self, cond: torch.Tensor) -> list[str]:
-        from torchvision.models import ResNet50_Weights  # ImageNet's class names ship in torchvision's code
-
-        names = ResNet50_Weights.IMAGENET1K_V1.meta["categories"]
+        names = imagenet_class_names()
         return [names[c] for c in cond[:, 0].tolist()]
 
 

@@ -19,7 +19,7 @@ from bench.training import optimizer_step, training_steps, warmup_cosine
 from teachers.data.images import ImageDataset, caption_table, load_image_dataset
 from teachers.data.patch_vq import PatchQuantizer
 from teachers.families import ar_token
-from teachers.networks.gpt import GPT, GPTConfig, GuidedState
+from teachers.networks.gpt import GPT, GPTConfig
 from teachers.tiny.recipes import RecipeTeacher
 
 NULL, PAD, UNK = 0, 1, 2  # condition-vocabulary ids shared by both conditionings
@@ -69,10 +69,11 @@ class CaptionVocab:
         return len(self.index) + 3
 
 
-class ImageARTeacher(RecipeTeacher):
+class ImageARTeacher(ar_token.GuidedNetworkTeacher, RecipeTeacher):
     family: ClassVar = ar_token.FAMILY
     modality: ClassVar[str] = "image"
     supports_cfg: ClassVar[bool] = True  # trained with condition dropout
+    null_id: ClassVar[int] = NULL
     recipe: ClassVar[ImageARRecipe]
 
     def __init__(self, name: str, network: GPT, vq: PatchQuantizer, cond_table: torch.Tensor, info: dict):
@@ -151,25 +152,6 @@ class ImageARTeacher(RecipeTeacher):
         """n conditions with uniformly drawn classes (and caption templates): (n, P), on the generator's device."""
         labels = torch.randint(self.cond_table.shape[0], (n,), generator=generator, device=generator.device)
         return self._conds(self.cond_table.to(generator.device), labels, generator)
-
-    @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[GuidedState, torch.Tensor]:
-        state, logits = self.network.start(cond, cfg=cfg, null_id=NULL)
-        return state, self._guide(state, logits)
-
-    @torch.inference_mode()
-    def extend(self, state: GuidedState, tokens: torch.Tensor) -> torch.Tensor:
-        return self._guide(state, self.network.extend_guided(state, tokens))
-
-    def rollback(self, state: GuidedState, length: int) -> None:
-        state.cache.truncate(state.cond_len + length)
-
-    @staticmethod
-    def _guide(state: GuidedState, logits: torch.Tensor) -> torch.Tensor:
-        if state.cfg == 1.0:
-            return logits
-        cond, uncond = logits[: state.batch], logits[state.batch :]
-        return uncond + state.cfg * (cond - uncond)
 
     @property
     def codebook(self) -> torch.Tensor:

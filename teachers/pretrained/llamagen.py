@@ -1,0 +1,154 @@
+"""LlamaGen's class-to-image models (Sun et al., arXiv:2406.06525; FoundationVision/LlamaGen), the teachers of SJD
+(arXiv:2410.01699) and Distilled Decoding (arXiv:2412.17153), loaded from local files as registered AR-token
+teachers: `llamagen-b-256` ... `llamagen-3b-384` (`ar`, `jacobi`, `sjd`, `dd`, `onestep*`, `skip-n`).
+
+Files, in the folder named by `--checkpoints` or $ACCELBENCH_CHECKPOINTS (default ./checkpoints), by the names of
+LlamaGen's README: the GPT (`c2i_B_256.pt`, ..., `c2i_3B_384.pt`; weights under "model", or a raw state dict for the
+FSDP-trained XXL and 3B) and the VQ-16 tokenizer `vq_ds16_c2i.pt` (weights under "model"). The resolution is not in
+the file (the 256 and 384 px files have the same shapes): it comes from the registered name (real_checkpoints.md §2a).
+Both load strictly; only a `freqs_cis` entry (a RoPE table some checkpoints carry) and the tokenizer's encoder are
+dropped, by name.
+
+Sampling as LlamaGen's `generate`: CFG on raw logits, u + s (c - u), the null class `num_classes`; then temperature,
+top-k, top-p and a draw (`ar_token.process`). Its FID script's defaults are cfg 1.5 and top-k 0 (sample_c2i_ddp.py);
+the paper's tables use cfg 2.0 (B, L), 1.75 (XL, XXL), 1.65 (3B): set them with `--param cfg=...`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from teachers.data.images import imagenet_class_names
+from teachers.families import ar_token
+from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
+from teachers.networks.vq16 import VQ16Decoder, VQDecoderConfig, load_decoder_state
+from teachers.pretrained.files import read_state_dict
+
+VQ_FILE = "vq_ds16_c2i.pt"
+GPT_WRAPPERS = ("model", "module", "state_dict")  # the official sampler's fallback order
+DROPPED = ("freqs_cis",)
+VERSION = 1  # bump when a change alters what the same files give
+
+
+class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
+    """LlamaGen GPT-B at 256 px (c2i_B_256.pt, 16 x 16 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    family: ClassVar = ar_token.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True  # trained with class dropout 0.1
+    size: ClassVar[str] = "GPT-B"
+    image_size: ClassVar[int] = 256
+    checkpoint: ClassVar[str] = "c2i_B_256.pt"
+
+    def __init__(self, name: str, network: LlamaGenGPT, vq: VQ16Decoder, info: dict):
+        self.name, self.info = name, info
+        self.network, self.vq = network.eval().requires_grad_(False), vq.eval().requires_grad_(False)
+        c = network.cfg
+        self.seq_len, self.vocab_size, self.grid = c.seq_len, c.vocab_size, (c.grid, c.grid)
+        self.n_classes = self.null_id = c.num_classes  # the null class is the last row of the class table
+
+    @classmethod
+    def config(cls) -> LlamaGenConfig:
+        return size_config(cls.size, (cls.image_size // VQDecoderConfig().downsample) ** 2)
+
+    @classmethod
+    def vq_config(cls) -> VQDecoderConfig:
+        return VQDecoderConfig()
+
+    @classmethod
+    def files(cls) -> tuple[Path, Path]:
+        """(the GPT checkpoint, the VQ tokenizer) this teacher reads."""
+        root = checkpoint_dir()
+        return root / cls.checkpoint, root / VQ_FILE
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        gpt, vq = cls.files()
+        missing = [str(p) for p in (gpt, vq) if not p.is_file()]
+        if missing:
+            return (f"missing {' and '.join(missing)}: place {gpt.name} and {vq.name} (FoundationVision/LlamaGen, "
+                    f"README) in {gpt.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
+        return None
+
+    @classmethod
+    def key(cls) -> str:
+        ids = [file_key(p) if p.is_file() else str(p) for p in cls.files()]
+        return config_key("llamagen-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), ids,
+                          VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "LlamaGenC2I":
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        gpt_file, vq_file = cls.files()
+        state = {k: v for k, v in read_state_dict(gpt_file, GPT_WRAPPERS).items() if k not in DROPPED}
+        network, vq = LlamaGenGPT(cls.config()), VQ16Decoder(cls.vq_config())
+        try:
+            network.load_state_dict(state, strict=True)
+            load_decoder_state(vq, read_state_dict(vq_file, ("model",)))
+        except RuntimeError as exc:
+            detail = str(exc).splitlines()[1].strip()[:300]
+            raise UserError(f"{name}: {gpt_file.name} or {vq_file.name} does not fit {cls.size} at "
+                            f"{cls.image_size} px: {detail}") from None
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network.to(device), vq.to(device), info)
+
+    # ---- the ARTokenTeacher protocol (start, extend, rollback: `GuidedNetworkTeacher`) ------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n uniformly drawn class ids, (n, 1), on the generator's device."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device)
+
+    @property
+    def codebook(self) -> torch.Tensor:
+        """(K, 8) the code vectors the decoder reads (L2-normalised): DD flows into this space."""
+        return self.vq.codebook
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) codes -> (B, 3, H, W) in [0, 1]
+        return ((self.vq(tokens, self.grid) + 1) / 2).clamp(0, 1)
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        names = imagenet_class_names()
+        return [names[c] for c in cond[:, 0].tolist()]
+
+
+class LlamaGenB384(LlamaGenC2I):
+    """LlamaGen GPT-B at 384 px (c2i_B_384.pt, 24 x 24 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    image_size, checkpoint = 384, "c2i_B_384.pt"
+
+
+class LlamaGenL256(LlamaGenC2I):
+    """LlamaGen GPT-L at 256 px (c2i_L_256.pt, 16 x 16 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, checkpoint = "GPT-L", "c2i_L_256.pt"
+
+
+class LlamaGenL384(LlamaGenC2I):
+    """LlamaGen GPT-L at 384 px (c2i_L_384.pt, 24 x 24 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, image_size, checkpoint = "GPT-L", 384, "c2i_L_384.pt"
+
+
+class LlamaGenXL384(LlamaGenC2I):
+    """LlamaGen GPT-XL at 384 px (c2i_XL_384.pt, 24 x 24 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, image_size, checkpoint = "GPT-XL", 384, "c2i_XL_384.pt"
+
+
+class LlamaGenXXL384(LlamaGenC2I):
+    """LlamaGen GPT-XXL at 384 px (c2i_XXL_384.pt, a raw FSDP state dict), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, image_size, checkpoint = "GPT-XXL", 384, "c2i_XXL_384.pt"
+
+
+class LlamaGen3B384(LlamaGenC2I):
+    """LlamaGen GPT-3B at 384 px (c2i_3B_384.pt, a raw FSDP state dict), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, image_size, checkpoint = "GPT-3B", 384, "c2i_3B_384.pt"
