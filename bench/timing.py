@@ -20,6 +20,16 @@ def stopwatch(device: torch.device, out: list[float]):
     out.append(time.perf_counter() - t0)
 
 
+def median_seconds(fn, repeats: int, device: torch.device) -> float:
+    """The median wall time of `fn()` over `repeats` calls after one warm-up call (the benchmark scripts')."""
+    fn()
+    times: list[float] = []
+    for _ in range(repeats):
+        with stopwatch(device, times):
+            fn()
+    return float(np.median(times))
+
+
 def latency_stats(batch_seconds: list[float], batch_sizes: list[int]) -> dict[str, float]:
     t = np.asarray(batch_seconds, dtype=np.float64)
     per_sample = t / np.asarray(batch_sizes, dtype=np.float64)  # the last batch may be smaller

@@ -7,31 +7,15 @@ student step (its S-step rollout divided by S, KV history included), side by sid
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.timing import median_seconds
 from methods.ard import ARDConfig, time_labels
 from methods.ard_student import ARDStudent
 from teachers.networks.dit import DiT
 from teachers.pretrained.dit import xl2_config
-
-
-def timed(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def flops(fn) -> float:
@@ -66,8 +50,8 @@ def main() -> None:
 
     with torch.inference_mode():
         f_teacher, f_student = flops(teacher_step), flops(student_rollout) / a.student_steps
-        s_teacher = timed(teacher_step, args.repeats, device)
-        s_student = timed(student_rollout, args.repeats, device) / a.student_steps
+        s_teacher = median_seconds(teacher_step, args.repeats, device)
+        s_student = median_seconds(student_rollout, args.repeats, device) / a.student_steps
     n_params = sum(p.numel() for p in teacher.parameters())
     print(f"DiT-XL/2 at {args.image_size} px ({cfg.tokens} tokens, {n_params / 1e6:.1f} M parameters), "
           f"{args.device}, {args.threads} threads, median of {args.repeats}")

@@ -7,26 +7,10 @@ every token against the AR steps it replaces; CFG batches (2 rows per image) thr
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import torch
 
+from bench.timing import median_seconds
 from teachers.networks.llamagen import SIZES, LlamaGenGPT, size_config
-
-
-def timed(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -57,8 +41,8 @@ def main() -> None:
                 state.cache.truncate(1 + half)  # roll back, as SJD does with rejected drafts
             return run
 
-        costs = {w: timed(step(w), args.repeats, device) for w in [1, *args.windows]}
-        full = timed(lambda: net(torch.cat([cond, cond]), torch.cat([tokens, tokens])), args.repeats, device)
+        costs = {w: median_seconds(step(w), args.repeats, device) for w in [1, *args.windows]}
+        full = median_seconds(lambda: net(torch.cat([cond, cond]), torch.cat([tokens, tokens])), args.repeats, device)
     n_params = sum(p.numel() for p in net.parameters())
     print(f"LlamaGen {args.size} at {args.image_size} px ({cfg.seq_len} tokens, {n_params / 1e6:.1f} M parameters), "
           f"{args.device}, {args.threads} threads, CFG batch 2, median of {args.repeats}")

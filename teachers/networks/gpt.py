@@ -160,8 +160,27 @@ class Block(nn.Module):
 
 
 class GuidedDecoding:
-    """Cached decoding with classifier-free guidance branches, for a network with `cfg` (the cache's shape:
-    n_layer, n_head, n_embd, cond_len, seq_len), `embed_condition`, `embed_tokens`, `trunk(x, cache)` and `logits`."""
+    """Cached decoding with classifier-free guidance branches, for a network with `cfg` (a frozen dataclass with the
+    cache's shape, n_layer, n_head, n_embd, cond_len, seq_len, and a `dropout`), `embed_condition`, `embed_tokens`,
+    `trunk(x, cache)` and `logits`; and the shape and `clone` of the TokenNetwork contract (`ar_token`)."""
+
+    @property
+    def cond_len(self) -> int:
+        return self.cfg.cond_len
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.seq_len
+
+    @property
+    def width(self) -> int:
+        return self.cfg.n_embd
+
+    def clone(self, dropout: float):
+        """A trainable copy with the same weights and another dropout rate (built fresh, then loaded)."""
+        net = type(self)(dataclasses.replace(self.cfg, dropout=dropout)).to(next(self.parameters()).device)
+        net.load_state_dict(self.state_dict())
+        return net
 
     def new_cache(self, batch: int, ragged: bool = False) -> KVCache:
         p = next(self.parameters())
@@ -218,25 +237,7 @@ class GPT(GuidedDecoding, nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    # ---- the TokenNetwork contract (`teachers.families.ar_token`): what distillation students build on ---------
-    @property
-    def cond_len(self) -> int:
-        return self.cfg.cond_len
-
-    @property
-    def seq_len(self) -> int:
-        return self.cfg.seq_len
-
-    @property
-    def width(self) -> int:
-        return self.cfg.n_embd
-
-    def clone(self, dropout: float) -> "GPT":
-        """A trainable copy with the same weights and another dropout rate (built fresh, then loaded)."""
-        net = GPT(dataclasses.replace(self.cfg, dropout=dropout)).to(self.pos_emb.weight.device)
-        net.load_state_dict(self.state_dict())
-        return net
-
+    # ---- the rest of the TokenNetwork contract (`teachers.families.ar_token`) ---------------------------------
     def token_embedding(self) -> nn.Parameter:
         return self.tok_emb.weight
 

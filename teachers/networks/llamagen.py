@@ -12,7 +12,6 @@ Decoding reuses `teachers.networks.gpt`'s truncatable KV caches and CFG branches
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -154,24 +153,7 @@ class LlamaGenGPT(GuidedDecoding, nn.Module):
         self.register_buffer("rope", rope_2d(cfg), persistent=False)  # not in the official state dict either
         self.register_buffer("causal", torch.ones(n_pos, n_pos, dtype=torch.bool).tril(), persistent=False)
 
-    # ---- the TokenNetwork contract (`teachers.families.ar_token`) ----------------------------------------------
-    @property
-    def cond_len(self) -> int:
-        return self.cfg.cond_len
-
-    @property
-    def seq_len(self) -> int:
-        return self.cfg.seq_len
-
-    @property
-    def width(self) -> int:
-        return self.cfg.n_embd
-
-    def clone(self, dropout: float) -> "LlamaGenGPT":
-        net = LlamaGenGPT(dataclasses.replace(self.cfg, dropout=dropout)).to(self.output.weight.device)
-        net.load_state_dict(self.state_dict())
-        return net
-
+    # ---- the rest of the TokenNetwork contract (`teachers.families.ar_token`) ---------------------------------
     def token_embedding(self) -> nn.Parameter:
         return self.tok_embeddings.weight
 
