@@ -121,6 +121,7 @@ def plan(trial: Trial) -> Plan:
             valid = sorted(name for name, cls in METRICS.items() if cls.modality == teacher_cls.modality)
             raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
                             f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
+        m.cls.check_teacher(trial.teacher, teacher_cls, m.extractor)
     owner = f"method {trial.method!r}"
     config_cls = method_cls.config_class(teacher_cls.family)
     clash = sorted(set(knobs(config_cls)) & RUN_FIELDS)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench.cache import Cache
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
 from bench.errors import UserError
 from metrics.features import check_choice, embed, load_extractor, reference_features
 
@@ -41,6 +41,10 @@ class Metric:
         if extractor is not None:
             raise UserError(f"metric {cls.name!r} takes no extractor choice, got {cls.name}@{extractor}")
         return None
+
+    @classmethod
+    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
+        """Refuse, before any work, a teacher this metric cannot score (`plan` calls it); nothing by default."""
 
     def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
         """`teacher` gives `dataset_name`, `image_size` (and `captions` for text-image metrics); trained extractors
@@ -76,6 +80,22 @@ class ImageFeatureMetric(Metric):
     def check(cls, extractor: str | None) -> str | None:
         check_choice(cls.name, extractor, logits=cls.uses_logits)
         return None
+
+    @classmethod
+    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
+        """A teacher of a real checkpoint has no real images here, only `reference_statistics` (file name, tag):
+        FID in Inception features against them (`metrics.fid`) is the one image metric it takes."""
+        stats = getattr(teacher_cls, "reference_statistics", None)
+        if stats is None:
+            return
+        if cls.name != "fid" or extractor != "inception":
+            raise UserError(f"metric {cls.name}@{extractor or 'cnn'} needs real images of teacher {teacher!r}'s data, "
+                            f"which are not at hand; its FID is fid@inception against {stats[0]}")
+        path = checkpoint_dir() / stats[0]
+        if not path.is_file():
+            raise UserError(f"missing {path}: fid@inception on teacher {teacher!r} compares with the reference "
+                            f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place it there "
+                            f"or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
 
     def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device)

@@ -3,13 +3,19 @@
 The distance is torchmetrics' `FrechetInceptionDistance`, fed features of a `metrics.features` extractor: the dataset's
 classifier by default (`fid`, key "fid.<dataset>-cnn"), or the standard Inception-v3 (`fid@inception`, key
 "fid.inception-v3"); only the extractor differs from the standard FID, and the metric key names it.
+
+A teacher of a real checkpoint (DiT, LlamaGen) has no real images here but names `reference_statistics`, a file of
+Inception statistics (`mu`, `sigma`: ADM's `VIRTUAL_imagenet256_labeled.npz`, or clean-fid's) in the checkpoints
+folder, and a tag: its FID is torch-fidelity's Frechet distance between those and the generated images' statistics,
+under the key "fid.inception-v3.<tag>" (e.g. "fid.inception-v3.adm-in256").
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from bench.cache import Cache
+from bench.cache import Cache, checkpoint_dir
 from metrics.base import ImageFeatureMetric
 from metrics.features import Features
 
@@ -22,11 +28,22 @@ class FID(ImageFeatureMetric):
 
     def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device, extractor=extractor)
+        stats = getattr(teacher, "reference_statistics", None)  # (file, tag), checked by `check_teacher`
+        if stats is not None:
+            with np.load(checkpoint_dir() / stats[0]) as f:
+                self._stats = {"mu": f["mu"].astype(np.float64), "sigma": f["sigma"].astype(np.float64)}
+            self.extractor = f"{self.model.name}.{stats[1]}"
+            return
         # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.
         self._fid = FrechetInceptionDistance(feature=Features(self.model.num_features), reset_real_features=False)
         self._fid.update(self.reference, real=True)
 
     def compute(self, seed: int = 0) -> dict[str, float]:
+        if hasattr(self, "_stats"):
+            from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+
+            generated = fid_features_to_statistics(self.generated().double())
+            return {self.key(): fid_statistics_to_metric(self._stats, generated, False)["frechet_inception_distance"]}
         self._fid.reset()
         self._fid.update(self.generated(), real=False)
         return {self.key(): float(self._fid.compute())}

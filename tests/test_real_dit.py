@@ -135,3 +135,55 @@ def test_missing_files_are_one_line_naming_them_the_option_and_the_source(tmp_pa
     assert "\n" not in err and f"missing {folder}/DiT-XL-2-512x512.pt and {folder}/sd-vae-ft-ema/config.json" in err
     assert "facebookresearch/DiT" in err and "--checkpoints or ACCELBENCH_CHECKPOINTS" in err
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "cache").exists()  # refused before any work
+
+
+def test_fid_against_reference_statistics_equals_fid_against_the_features_they_summarise(tmp_path, monkeypatch):
+    """fid@inception on a teacher of a real checkpoint: torch-fidelity's distance between the statistics file and the
+    generated images' statistics equals torchmetrics' FID between the features the file summarises and the same
+    generated features. A 16-feature extractor stands in for Inception: the statistics path is what is tested."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch.nn.functional as F
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    import metrics.base
+    from bench.cache import Cache
+    from metrics.features import Features
+    from metrics.fid import FID
+
+    class Pixels:
+        name, num_features, num_classes, batch = "inception-v3", 16, None, 64
+
+        def features(self, images):  # (B, 3, H, W) -> (B, 16)
+            return F.adaptive_avg_pool2d(images, 4).mean(1).flatten(1)
+
+    monkeypatch.setattr(metrics.base, "load_extractor", lambda *args, **kwargs: Pixels())
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    real = torch.randn(300, 16, generator=g, dtype=torch.float64) @ torch.rand(16, 16, generator=g, dtype=torch.float64)
+    np.savez(tmp_path / "stats.npz", mu=real.mean(0).numpy(), sigma=np.cov(real.numpy(), rowvar=False))
+    teacher = SimpleNamespace(reference_statistics=("stats.npz", "test-ref"))
+    fid = FID(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+    images = torch.rand(100, 3, 8, 8, generator=g)
+    fid.update(images, None)
+    ((key, value),) = fid.compute().items()
+    expected = FrechetInceptionDistance(feature=Features(16))
+    expected.update(real, real=True)
+    expected.update(Pixels().features(images), real=False)
+    assert key == "fid.inception-v3.test-ref" and value == pytest.approx(float(expected.compute()), rel=1e-6)
+
+
+def test_image_metrics_on_a_real_checkpoint_teacher_are_checked_before_any_work(tmp_path, capsys):
+    from bench import cli
+
+    def run(metric):
+        assert cli.main(["run", "--teacher", "dit-xl-2-256", "--method", "ddim", "--metric", metric, "--checkpoints",
+                         str(tmp_path), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]) == 2
+        return capsys.readouterr().err.strip()
+
+    assert "fid@cnn needs real images" in run("fid")
+    assert "its FID is fid@inception against VIRTUAL_imagenet256_labeled.npz" in run("kid")
+    err = run("fid@inception")
+    assert f"missing {tmp_path}/VIRTUAL_imagenet256_labeled.npz" in err and "openai/guided-diffusion" in err
+    assert not (tmp_path / "mlflow.db").exists()

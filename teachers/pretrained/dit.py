@@ -114,6 +114,8 @@ class OfficialDiT:
     modality: ClassVar[str] = "image"
     image_size: ClassVar[int] = 256  # pixels; the network sees image_size / 8 latent cells a side
     cfg_channels: ClassVar[int] = 3  # eps channels guided (the official code's "for exact reproducibility")
+    # FID (fid@inception) against ADM's ImageNet 256 reference batch statistics, as DiT's paper reports it
+    reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
 
     def __init__(self, name: str, network: DiT, vae, info: dict):
         self.name, self.network, self.vae, self.info = name, network.eval().requires_grad_(False), vae, info
@@ -188,3 +190,4 @@ class OfficialDiT512(OfficialDiT):
     """DiT-XL/2 at 512 px, facebookresearch/DiT's DiT-XL-2-512x512.pt on SD-VAE latents; otherwise as dit-xl-2-256."""
 
     image_size: ClassVar[int] = 512
+    reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet512.npz", "adm-in512")

@@ -44,6 +44,9 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
     size: ClassVar[str] = "GPT-B"
     image_size: ClassVar[int] = 256
     checkpoint: ClassVar[str] = "c2i_B_256.pt"
+    # FID (fid@inception) against ADM's ImageNet 256 statistics. LlamaGen scores its 384 px models after resizing the
+    # images to 256; our Inception resizes every image straight to 299 (a protocol difference, named here).
+    reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
 
     def __init__(self, name: str, network: LlamaGenGPT, vq: VQ16Decoder, info: dict):
         self.name, self.info = name, info
