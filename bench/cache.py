@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
 import io
 import json
@@ -47,11 +46,13 @@ def checkpoint_dir() -> Path:
     return Path(os.environ.get(CHECKPOINTS_ENV, "checkpoints")).expanduser()
 
 
-@functools.cache
 def file_key(path: Path) -> str:
     """The identity of a large local file (a checkpoint) as part of a cache key: its resolved path, size and
     modification time, not its content (hashing gigabytes on every trial's plan would take longer than the trial's
-    set-up). A changed file gets a new key; a renamed copy does too."""
+    set-up). A changed file gets a new key; a renamed copy does too; a missing file keys as its path (the teacher
+    refuses to load it anyway)."""
+    if not path.is_file():
+        return str(path)
     stat = path.stat()
     return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 

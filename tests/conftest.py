@@ -85,10 +85,21 @@ def images():
 
 @pytest.fixture()
 def plugin(monkeypatch):
-    """The instant table teachers of tests/plugins.py, registered here and in every subprocess this test starts."""
+    """The teachers of tests/plugins.py, registered here for this test only (so no later test sees them in the
+    registry, whatever the order) and in every subprocess this test starts."""
+    import importlib
+    import sys
+
+    from bench.registry import TEACHERS
+
+    TEACHERS.names()  # the project's own declarations first: they must outlive the copy below
     monkeypatch.setenv("ACCELBENCH_PLUGINS", "tests.plugins")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    import tests.plugins  # noqa: F401
+    monkeypatch.setattr(TEACHERS, "_entries", dict(TEACHERS._entries))
+    if "tests.plugins" in sys.modules:
+        importlib.reload(sys.modules["tests.plugins"])
+    else:
+        importlib.import_module("tests.plugins")
 
 
 @pytest.fixture()

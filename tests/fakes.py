@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import itertools
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -229,26 +231,28 @@ def tiny_dit_teacher(seed=0, device="cpu"):
 
 
 _FILES: dict[str, object] = {}  # temporary folders that live as long as the test process
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def _tiny_official_dit_files():
-    """A folder with the parity fixture's DiT state dict (official key names, learned sigma, 16 latent tokens of 4
-    channels, 10 classes) and a one-level SD-style VAE (diffusers `AutoencoderKL`, random weights)."""
-    import tempfile
-    from pathlib import Path
+def _files(name: str, write) -> Path:
+    """A temporary folder `name`, filled once per test process by `write(folder)`."""
+    if name not in _FILES:
+        _FILES[name] = tempfile.TemporaryDirectory(prefix=f"{name}-")
+        write(Path(_FILES[name].name))
+    return Path(_FILES[name].name)
 
-    if "dit" not in _FILES:
-        from diffusers import AutoencoderKL
 
-        _FILES["dit"] = tempfile.TemporaryDirectory(prefix="tiny-official-dit-")
-        folder = Path(_FILES["dit"].name)
-        fixture = torch.load(Path(__file__).parent / "fixtures" / "dit" / "dit_tiny_parity.pt", weights_only=True)
-        torch.save(fixture["state_dict"], folder / "DiT-tiny.pt")
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            AutoencoderKL(block_out_channels=(8,), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-                          sample_size=8).save_pretrained(folder / "vae")
-    return Path(_FILES["dit"].name)
+def _write_official_dit(folder: Path) -> None:
+    """The parity fixture's DiT state dict (official key names, learned sigma, 16 latent tokens of 4 channels, 10
+    classes) and a one-level SD-style VAE (diffusers `AutoencoderKL`, random weights)."""
+    from diffusers import AutoencoderKL
+
+    torch.save(torch.load(FIXTURES / "dit" / "dit_tiny_parity.pt", weights_only=True)["state_dict"],
+               folder / "DiT-tiny.pt")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        AutoencoderKL(block_out_channels=(8,), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+                      sample_size=8).save_pretrained(folder / "vae")
 
 
 class TinyOfficialDiT(OfficialDiT):
@@ -264,7 +268,7 @@ class TinyOfficialDiT(OfficialDiT):
 
     @classmethod
     def files(cls):
-        folder = _tiny_official_dit_files()
+        folder = _files("tiny-official-dit", _write_official_dit)
         return folder / "DiT-tiny.pt", folder / "vae"
 
 
@@ -273,21 +277,14 @@ def tiny_official_dit_teacher(device="cpu"):
     return TinyOfficialDiT.load("tiny-official-dit", cache=None, device=torch.device(device))
 
 
-def _tiny_llamagen_files():
-    """A folder with the parity fixtures' LlamaGen GPT (under "model", as released; 10 classes, 32 codes, 4 x 4
-    tokens) and VQ decoder (32 x 8 codebook, one upsampling: 8 x 8 images)."""
-    import tempfile
-    from pathlib import Path
-
-    if "llamagen" not in _FILES:
-        _FILES["llamagen"] = tempfile.TemporaryDirectory(prefix="tiny-llamagen-")
-        folder, fixtures = Path(_FILES["llamagen"].name), Path(__file__).parent / "fixtures" / "llamagen"
-        gpt = torch.load(fixtures / "llamagen_tiny_parity.pt", weights_only=True)
-        vq = torch.load(fixtures / "vq_tiny_parity.pt", weights_only=True)
-        torch.save({"model": gpt["state_dict"], "args": None}, folder / "c2i_tiny.pt")
-        torch.save({"model": {k: v.float() if v.is_floating_point() else v for k, v in vq["state_dict"].items()}},
-                   folder / "vq_tiny.pt")
-    return Path(_FILES["llamagen"].name)
+def _write_llamagen(folder: Path) -> None:
+    """The parity fixtures' LlamaGen GPT (under "model", as released; 10 classes, 32 codes, 4 x 4 tokens) and VQ
+    decoder (32 x 8 codebook, one upsampling: 8 x 8 images)."""
+    gpt = torch.load(FIXTURES / "llamagen" / "llamagen_tiny_parity.pt", weights_only=True)
+    vq = torch.load(FIXTURES / "llamagen" / "vq_tiny_parity.pt", weights_only=True)
+    torch.save({"model": gpt["state_dict"], "args": None}, folder / "c2i_tiny.pt")
+    torch.save({"model": {k: v.float() if v.is_floating_point() else v for k, v in vq["state_dict"].items()}},
+               folder / "vq_tiny.pt")
 
 
 class TinyLlamaGen(LlamaGenC2I):
@@ -309,7 +306,7 @@ class TinyLlamaGen(LlamaGenC2I):
 
     @classmethod
     def files(cls):
-        folder = _tiny_llamagen_files()
+        folder = _files("tiny-llamagen", _write_llamagen)
         return folder / "c2i_tiny.pt", folder / "vq_tiny.pt"
 
 

@@ -24,9 +24,7 @@ def tiny(fixture) -> LlamaGenGPT:
     hidden = -(-int(2 * 4 * a["dim"] / 3) // a["multiple_of"]) * a["multiple_of"]  # gpt.py's find_multiple
     cfg = LlamaGenConfig(vocab_size=a["vocab_size"], num_classes=a["num_classes"], seq_len=a["block_size"],
                          n_layer=a["n_layer"], n_head=a["n_head"], n_embd=a["dim"], ffn_hidden=hidden)
-    model = LlamaGenGPT(cfg).eval()
-    model.load_state_dict(fixture["state_dict"], strict=True)
-    return model
+    return LlamaGenGPT.from_state_dict(cfg, fixture["state_dict"]).eval()
 
 
 @pytest.mark.parametrize("ragged", [False, True])
@@ -67,7 +65,9 @@ def tiny_vq(fixture) -> VQ16Decoder:
                           z_channels=c["z_channels"], ch=c["ch"], ch_mult=tuple(c["ch_mult"]),
                           num_res_blocks=c["num_res_blocks"])
     official = {k: v.float() if v.is_floating_point() else v for k, v in fixture["state_dict"].items()}
-    return load_decoder_state(VQ16Decoder(cfg), official).eval()
+    with torch.device("meta"):
+        model = VQ16Decoder(cfg)
+    return load_decoder_state(model, official).eval()
 
 
 @pytest.fixture(scope="module")

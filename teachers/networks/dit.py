@@ -51,7 +51,7 @@ class DiTConfig:
         return 2 * self.channels if self.learn_sigma else self.channels
 
 
-def _sincos_2d(d: int, grid: int, layout: str) -> torch.Tensor:
+def sincos_2d(d: int, grid: int, layout: str) -> torch.Tensor:
     """(grid*grid, d) fixed positions, row-major tokens, half the channels for one coordinate and half for the other
     (DiT / MAE), each half [sin, cos], computed in float64 as the official code does."""
     def one(pos, dim):
@@ -123,7 +123,7 @@ class DiT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.x_embedder = nn.Conv2d(cfg.channels, cfg.hidden, cfg.patch, stride=cfg.patch)
-        self.register_buffer("pos_embed", _sincos_2d(cfg.hidden, cfg.image_size // cfg.patch, cfg.pos_layout),
+        self.register_buffer("pos_embed", sincos_2d(cfg.hidden, cfg.image_size // cfg.patch, cfg.pos_layout),
                              persistent=False)
         self.t_embedder = TimestepEmbedder(cfg.hidden)
         self.y_embedder = nn.Embedding(cfg.n_classes + 1, cfg.hidden)

@@ -149,9 +149,23 @@ class LlamaGenGPT(GuidedDecoding, nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.output = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        n_pos = cfg.cond_len + cfg.seq_len
-        self.register_buffer("rope", rope_2d(cfg), persistent=False)  # not in the official state dict either
+        self._register_tables()
+
+    def _register_tables(self) -> None:
+        """The fixed tables, computed (the official state dict holds neither)."""
+        n_pos = self.cfg.cond_len + self.cfg.seq_len
+        self.register_buffer("rope", rope_2d(self.cfg), persistent=False)
         self.register_buffer("causal", torch.ones(n_pos, n_pos, dtype=torch.bool).tril(), persistent=False)
+
+    @classmethod
+    def from_state_dict(cls, cfg: LlamaGenConfig, state: dict[str, torch.Tensor]) -> "LlamaGenGPT":
+        """A network with a checkpoint's weights, loaded strictly as they are: built on the meta device, so no
+        random init (3 B weights for GPT-3B) is drawn and thrown away."""
+        with torch.device("meta"):
+            net = cls(cfg)
+        net.load_state_dict(state, strict=True, assign=True)
+        net._register_tables()
+        return net
 
     # ---- the rest of the TokenNetwork contract (`teachers.families.ar_token`) ---------------------------------
     def token_embedding(self) -> nn.Parameter:

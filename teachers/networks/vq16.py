@@ -137,6 +137,8 @@ class VQ16Decoder(nn.Module):
 
 
 def load_decoder_state(model: VQ16Decoder, official: dict[str, torch.Tensor]) -> VQ16Decoder:
-    """Load the decoding half of an official VQ state dict strictly, dropping only `UNUSED_PREFIXES`."""
-    model.load_state_dict({k: v for k, v in official.items() if not k.startswith(UNUSED_PREFIXES)}, strict=True)
+    """Load the decoding half of an official VQ state dict strictly, dropping only `UNUSED_PREFIXES`; its tensors are
+    taken as they are, so `model` may be built on the meta device."""
+    kept = {k: v for k, v in official.items() if not k.startswith(UNUSED_PREFIXES)}
+    model.load_state_dict(kept, strict=True, assign=True)
     return model

@@ -29,7 +29,7 @@ from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file
 from bench.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
-from teachers.networks.dit import DiT, DiTConfig
+from teachers.networks.dit import DiT, DiTConfig, sincos_2d
 from teachers.pretrained.files import read_state_dict
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
@@ -74,28 +74,22 @@ def convert_state_dict(official: dict[str, torch.Tensor]) -> tuple[dict[str, tor
 
 
 def load_into(model: DiT, official: dict[str, torch.Tensor], *, pos_atol: float = 1e-6) -> DiT:
-    """Load an official state dict into `model` strictly. The file's position table is checked against the one the
-    configuration computes (so a file whose layout or size differs is refused) and then used as it is."""
+    """Load an official state dict into `model` strictly, taking its tensors as they are (so a model built on the
+    meta device gets no random init it would throw away). The file's position table is checked against the one the
+    configuration computes (a file whose layout or size differs is refused) and then used as it is."""
     ours, pos = convert_state_dict(official)
     try:
-        model.load_state_dict(ours, strict=True)
+        model.load_state_dict(ours, strict=True, assign=True)
     except RuntimeError as exc:
         detail = str(exc).splitlines()[1].strip()
         raise UserError(f"the DiT state dict does not fit {model.cfg}: {detail[:300]}") from None
-    if pos.shape != model.pos_embed.shape or not torch.allclose(pos.float(), model.pos_embed.cpu(), atol=pos_atol):
-        raise UserError(f"the DiT state dict's pos_embed {tuple(pos.shape)} is not the {model.cfg.pos_layout} "
-                        f"sin-cos table of {tuple(model.pos_embed.shape)} this configuration computes")
-    with torch.no_grad():
-        model.pos_embed.copy_(pos)
+    c = model.cfg
+    expected = sincos_2d(c.hidden, c.image_size // c.patch, c.pos_layout)
+    if pos.shape != expected.shape or not torch.allclose(pos.float(), expected, atol=pos_atol):
+        raise UserError(f"the DiT state dict's pos_embed {tuple(pos.shape)} is not the {c.pos_layout} sin-cos table "
+                        f"of {tuple(expected.shape)} this configuration computes")
+    model.pos_embed = pos.float()
     return model
-
-
-def read_checkpoint(path: Path, option: str) -> dict[str, torch.Tensor]:
-    """The state dict of a local DiT file: raw as released, or the EMA weights of a training checkpoint."""
-    if not path.is_file():
-        raise UserError(f"no DiT checkpoint at {path} (set {option}); the official files come from "
-                        f"facebookresearch/DiT (download.py: {', '.join(CHECKPOINTS.values())})")
-    return read_state_dict(path, ("ema", "model"))
 
 
 VAE_FOLDER = "sd-vae-ft-ema"  # sample_ddp.py's default (--vae ema), the FID setting; sample.py uses sd-vae-ft-mse
@@ -146,7 +140,7 @@ class OfficialDiT:
     @classmethod
     def key(cls) -> str:
         ckpt, vae = cls.files()
-        ids = [file_key(p) if p.is_file() else str(p) for p in (ckpt, vae / "config.json")]
+        ids = [file_key(p) for p in (ckpt, vae / "config.json")]
         return config_key("official-dit", dataclasses.asdict(cls.config()), ids, cls.cfg_channels, VERSION)
 
     @classmethod
@@ -157,7 +151,10 @@ class OfficialDiT:
         if reason:
             raise UserError(reason)
         ckpt, vae_dir = cls.files()
-        network = load_into(DiT(cls.config()), read_checkpoint(ckpt, CHECKPOINTS_ENV))
+        with torch.device("meta"):  # no random init of 675 M weights the file replaces
+            network = DiT(cls.config())
+        # raw as released, or the EMA weights of a training checkpoint
+        network = load_into(network, read_state_dict(ckpt, ("ema", "model")))
         vae = AutoencoderKL.from_pretrained(vae_dir, local_files_only=True).eval().requires_grad_(False)
         info = {"n_params": sum(p.numel() for p in network.parameters()) + network.pos_embed.numel()}
         return cls(name, network.to(device), vae.to(device), info)

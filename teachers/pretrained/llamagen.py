@@ -80,7 +80,7 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
 
     @classmethod
     def key(cls) -> str:
-        ids = [file_key(p) if p.is_file() else str(p) for p in cls.files()]
+        ids = [file_key(p) for p in cls.files()]
         return config_key("llamagen-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), ids,
                           VERSION)
 
@@ -91,9 +91,10 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
             raise UserError(reason)
         gpt_file, vq_file = cls.files()
         state = {k: v for k, v in read_state_dict(gpt_file, GPT_WRAPPERS).items() if k not in DROPPED}
-        network, vq = LlamaGenGPT(cls.config()), VQ16Decoder(cls.vq_config())
+        with torch.device("meta"):  # no random init of weights the files replace
+            vq = VQ16Decoder(cls.vq_config())
         try:
-            network.load_state_dict(state, strict=True)
+            network = LlamaGenGPT.from_state_dict(cls.config(), state)
             load_decoder_state(vq, read_state_dict(vq_file, ("model",)))
         except RuntimeError as exc:
             detail = str(exc).splitlines()[1].strip()[:300]

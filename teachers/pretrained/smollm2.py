@@ -107,7 +107,7 @@ class SmolLM2Instruct(HFCausalLMTeacher):
     @classmethod
     def key(cls) -> str:
         src = _source()
-        return config_key(NAME, file_key(src) if src.is_file() else str(src), corpus_sha(CORPUS), PROMPT_TOKENS,
+        return config_key(NAME, file_key(src), corpus_sha(CORPUS), PROMPT_TOKENS,
                           NEW_TOKENS, VERSION)
 
     @classmethod
