@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from bench.cache import Cache
+from bench.errors import UserError
 from bench.samples import Samples
 from teachers.families import Family
 
@@ -28,6 +29,9 @@ class Method:
     batch_size_one: ClassVar[bool] = False
     # One of the five papers' methods: its runs at its default key knobs make the report's headline row.
     headline: ClassVar[bool] = False
+    # What the method reads of its teacher beyond the family protocol (e.g. an image AR teacher's `codebook`); a
+    # teacher without one is refused at construction, in one line.
+    needs: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def config_class(cls, family: Family) -> type:
@@ -40,6 +44,11 @@ class Method:
         return config.sampling
 
     def __init__(self, teacher: Any, config: Any):
+        missing = [a for a in self.needs if not hasattr(teacher, a)]
+        if missing:
+            name = getattr(teacher, "name", type(teacher).__name__)
+            raise UserError(f"{type(self).__name__} reads the teacher's {' and '.join(missing)}, which teacher "
+                            f"{name!r} does not have")
         self.teacher, self.config = teacher, config
 
     def fit(self, *, cache: Cache) -> dict[str, float]:

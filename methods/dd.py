@@ -105,6 +105,7 @@ class DD(Method):
     modalities = ("image",)  # flows into the tokenizer's code vectors
     Config = DDConfig
     key_knobs = ("steps", "t2", "ts")
+    needs = ("network", "codebook")  # the student is built from the network and flows into the code vectors
 
     def __init__(self, teacher, config: DDConfig):
         super().__init__(teacher, config)

@@ -64,6 +64,7 @@ class Marginals:
 class FromPairs(Method):
     """A method whose `fit` reads the teacher-sample marginals off the DD pair dataset."""
 
+    needs = ("codebook",)  # the pairs flow into the tokenizer's code vectors
     marginals: Marginals | None = None
 
     def fit(self, *, cache: Cache) -> dict[str, float]:

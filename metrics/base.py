@@ -46,6 +46,12 @@ class Metric:
     def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
         """Refuse, before any work, a teacher this metric cannot score (`plan` calls it); nothing by default."""
 
+    @staticmethod
+    def has_dataset(teacher_cls: Any) -> bool:
+        """Whether the teacher was trained here from a dataset (a tiny teacher's `recipe`), whose real images and
+        trained extractors (the `cnn` classifier, the small CLIP) the metrics can use; a real checkpoint has none."""
+        return hasattr(teacher_cls, "recipe")
+
     def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
         """`teacher` gives `dataset_name`, `image_size` (and `captions` for text-image metrics); trained extractors
         and reference statistics are cached in `cache`."""
@@ -87,6 +93,10 @@ class ImageFeatureMetric(Metric):
         FID in Inception features against them (`metrics.fid`) is the one image metric it takes."""
         stats = getattr(teacher_cls, "reference_statistics", None)
         if stats is None:
+            if not cls.has_dataset(teacher_cls):
+                raise UserError(f"metric {cls.name}@{extractor or 'cnn'} compares with real images; teacher "
+                                f"{teacher!r} has no dataset here and no reference statistics (text-image metrics: "
+                                f"clip@<arch>, hpsv2)")
             return
         if cls.name != "fid" or extractor != "inception":
             raise UserError(f"metric {cls.name}@{extractor or 'cnn'} needs real images of teacher {teacher!r}'s data, "

@@ -18,6 +18,7 @@ import torch.nn as nn
 from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScore
 
 from bench.cache import Cache
+from bench.errors import UserError
 from metrics.base import Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip
 
@@ -68,6 +69,12 @@ class CLIPScore(Metric):
         if extractor is not None:
             cls._checkpoint(extractor)
         return None
+
+    @classmethod
+    def check_teacher(cls, teacher: str, teacher_cls, extractor: str | None) -> None:
+        if extractor is None and not cls.has_dataset(teacher_cls):
+            raise UserError(f"metric clip is the small CLIP trained on the teacher's dataset; teacher {teacher!r} "
+                            f"has none here: use clip@<arch> with a local open_clip checkpoint ({CHECKPOINT_ENV})")
 
     @classmethod
     def _checkpoint(cls, arch: str) -> Path:

@@ -11,6 +11,7 @@ import torch
 
 from teachers.families import ar_token, continuous_ar
 from teachers.pretrained.dit import OfficialDiT
+from teachers.pretrained.emu3 import Emu3Gen
 from teachers.pretrained.llamagen import LlamaGenC2I
 
 
@@ -313,6 +314,67 @@ class TinyLlamaGen(LlamaGenC2I):
 def tiny_llamagen_teacher(device="cpu"):
     """`TinyLlamaGen`, loaded through `LlamaGenC2I.load`."""
     return TinyLlamaGen.load("tiny-llamagen", cache=None, device=torch.device(device))
+
+
+
+EMU3_SPECIALS = {"pad": "<|endoftext|>", "eol": "<|extra_200|>", "eof": "<|extra_201|>", "bos": "<|extra_203|>",
+                 "eos": "<|extra_204|>", "wrapper": "<|image token|>", "boi": "<|image start|>",
+                 "eoi": "<|image end|>", "image": "<image>"}  # the strings of real_checkpoints.md §3d
+EMU3_PROMPTS = ("a photo of a cat", "a red bus on a street", "two dogs playing in the snow", "a bowl of fruit")
+
+
+def _write_emu3(folder: Path) -> None:
+    """A tiny random Emu3 in the Hugging Face format (`save_pretrained`): the text config of transformers' own Emu3
+    tests (hidden 32, 2 layers, intermediate 37), a VQ-VAE of 20 codes upsampling 4x, a byte-level BPE tokenizer with
+    Emu3's special tokens (300 ids: the 20 visual tokens among them), the processor; and a prompt file."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (Emu3Config, Emu3ForConditionalGeneration, Emu3ImageProcessor, Emu3Processor,
+                              Emu3TextConfig, PreTrainedTokenizerFast)
+
+    visual = [f"<|visual token {k:06d}|>" for k in range(20)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(list(EMU3_PROMPTS) + ["lowres, bad anatomy, 0123456789*"], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=list(EMU3_SPECIALS.values()) + visual, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    e = EMU3_SPECIALS
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token=e["bos"], eos_token=e["eos"], pad_token=e["pad"],
+        extra_special_tokens={"image_token": e["image"], "boi_token": e["boi"], "eoi_token": e["eoi"],
+                              "image_wrapper_token": e["wrapper"], "eof_token": e["eof"]})
+    text = Emu3TextConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=2, intermediate_size=37, max_position_embeddings=128,
+                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id)
+    vq = {"codebook_size": 20, "temporal_downsample_factor": 1, "base_channels": 32, "channel_multiplier": [1, 2, 1],
+          "hidden_size": 32, "attn_resolutions": []}
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Emu3ForConditionalGeneration(Emu3Config(text_config=text, vq_config=vq,
+                                                        vocabulary_map=tokenizer.get_vocab()))
+    model.save_pretrained(folder / "Emu3-tiny")
+    Emu3Processor(Emu3ImageProcessor(), tokenizer).save_pretrained(folder / "Emu3-tiny")
+    (folder / "prompts.txt").write_text("\n".join(EMU3_PROMPTS) + "\n")
+
+
+class TinyEmu3(Emu3Gen):
+    """The Emu3 teacher on a tiny random model saved in the Hugging Face format: 2 x 3 visual tokens (ratio 3:2),
+    11 outputs with the EOL, EOF, EOI and EOS tokens; 8 x 12 images (`tiny-emu3` in tests/plugins.py)."""
+
+    ratio, image_area = "3:2", 384  # Emu3Processor.calculate_generate_size("3:2", 384, 8) = (2, 3)
+
+    @classmethod
+    def path(cls):
+        return _files("tiny-emu3", _write_emu3) / "Emu3-tiny"
+
+    @classmethod
+    def prompt_path(cls):
+        return _files("tiny-emu3", _write_emu3) / "prompts.txt"
+
+
+def tiny_emu3_teacher(device="cpu"):
+    """`TinyEmu3`, loaded through `Emu3Gen.load` (transformers' `from_pretrained`)."""
+    return TinyEmu3.load("tiny-emu3", cache=None, device=torch.device(device))
 
 
 class CharTokenizer:

@@ -12,12 +12,13 @@ from bench.samples import Samples
 from bench.runner import RUN_FIELDS
 from methods.base import OwnSampler
 from teachers.families import ar_token, continuous_ar, masked_diffusion, ode_diffusion
-from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher,
-                         tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
-                         tiny_text_gpt_teacher)
+from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt_teacher,
+                         tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_teacher,
+                         tiny_official_dit_teacher, tiny_text_gpt_teacher)
 
 FAMILIES = (ar_token.FAMILY, continuous_ar.FAMILY, ode_diffusion.FAMILY, masked_diffusion.FAMILY)
-FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher],
+FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
+                         tiny_emu3_teacher],
          continuous_ar.FAMILY: [LinearGaussianAR, tiny_mar_teacher],
          ode_diffusion.FAMILY: [tiny_dit_teacher, tiny_official_dit_teacher],
          masked_diffusion.FAMILY: [tiny_mdlm_teacher]}
@@ -71,8 +72,12 @@ def test_method_entry(name, tmp_path):
         fast = build_config(config_cls, FAST_FIT.get(name, {}), owner=name)
         for make in FAKES[family]:
             teacher = make()
-            if teacher.modality not in cls.modalities or (name == "dd" and not hasattr(teacher, "network")):
-                continue  # an image-only method on a text fake; DD's student needs a network (the table fake has none)
+            if teacher.modality not in cls.modalities:
+                continue  # an image-only method on a text fake
+            if any(not hasattr(teacher, a) for a in cls.needs):  # e.g. DD's student needs a network: refused
+                with pytest.raises(UserError, match="reads the teacher's"):
+                    cls(teacher, fast)
+                continue
             cond = teacher.conditions(1, torch.Generator().manual_seed(0))
             method = cls(teacher, fast)
             fit_info = method.fit(cache=Cache(tmp_path))

@@ -26,9 +26,9 @@ def sjd_config(**knobs) -> SJDConfig:
 
 def chi_square_p(exact: dict, draw_one, n=N_DRAWS) -> float:
     """p-value of n draws of `draw_one()` (a token tuple) against the exact law `exact` (tuple -> probability); 0
-    when a sequence of probability 0 (cut by top-k or top-p) was drawn."""
+    when a sequence of probability 0 (cut by top-k or top-p, or absent from `exact`) was drawn."""
     counts = Counter(draw_one() for _ in range(n))
-    if any(counts[k] for k, v in exact.items() if v == 0.0):
+    if any(exact.get(k, 0.0) == 0.0 for k in counts):
         return 0.0
     keys = sorted(k for k, v in exact.items() if v > 0)
     z = sum(exact.values())

@@ -91,17 +91,19 @@ class GuidedNetworkTeacher:
     @torch.inference_mode()
     def start(self, cond: torch.Tensor, *, cfg: float):
         state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id)
-        return state, _guide(state, logits)
+        return state, guide(state, logits)
 
     @torch.inference_mode()
     def extend(self, state, tokens: torch.Tensor) -> torch.Tensor:
-        return _guide(state, self.network.extend_guided(state, tokens))
+        return guide(state, self.network.extend_guided(state, tokens))
 
     def rollback(self, state, length: int) -> None:
         state.cache.truncate(state.cond_len + length)
 
 
-def _guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)
+def guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)
+    """CFG on raw logits, u + cfg (c - u), for a state with `batch` conditional rows first and, when `cfg` != 1, as
+    many unconditional rows after them."""
     if state.cfg == 1.0:
         return logits
     cond, uncond = logits[: state.batch], logits[state.batch :]

@@ -1,0 +1,228 @@
+"""Emu3-Gen (Wang et al., arXiv:2409.18869; BAAI), a text-to-image model of the SJD paper (arXiv:2410.01699, App. B,
+Fig. 10: 8193 tokens decoded in ~3500 SJD steps), through transformers' `Emu3ForConditionalGeneration`: the registered
+AR-token teacher `emu3-gen` (`ar`, `jacobi`, `sjd`).
+
+Files (real_checkpoints.md §3a): the Hugging Face folder `Emu3-Gen-hf` (config with the vocabulary map, safetensors
+shards holding the LM and the VQ-VAE, tokenizer and processor files) in the checkpoints folder (`--checkpoints`,
+$ACCELBENCH_CHECKPOINTS), and the prompts (`teachers.data.prompts`: COCO 2017 val captions by default). On CUDA the
+model runs in bfloat16, as the official script (baaivision/Emu3 `image_generation.py`) loads it; elsewhere in float32.
+Logits are float32 either way.
+
+Generation as the official script (real_checkpoints.md §3d-3e):
+- prompt: BOS + text + " masterpiece, film grained, best quality." + BOI + "{H}*{W}" + image-wrapper token, built by
+  transformers' `Emu3Processor` (`return_for_image_generation`); H x W = 90 x 90 tokens for 720 px at ratio 1:1;
+- CFG 3.0 against the script's negative prompt, itself passed through the same image-generation processor (so it
+  also ends with BOI + size + wrapper; the transformers docs' example leaves that suffix out). The script guides in
+  log-softmax space, g (s - u) + u; that differs from raw-logit CFG by a constant per row, so the sampling
+  distribution is the same (`ar_token.guide`). Prompts of a batch and the negative prompt differ in length: rows are
+  left-padded, with an attention mask and positions counted from each row's first real token;
+- the prefix constraint of `Emu3PrefixConstrainedLogitsHelper`: position i of the output (offset i + 1 after the
+  wrapper token) may be only EOL when the offset is a multiple of W + 1, then EOF, EOI and EOS after the H rows, any
+  visual token otherwise. It masks the guided logits before `ar_token.process` applies temperature and top-k, the
+  order of transformers' processor list; top-k 2048 (`--param top_k=2048 --param cfg=3.0`, the script's values).
+The teacher's sequence is the whole structured output, H (W + 1) + 3 tokens (8193 at 720 px, the paper's count), and
+its raster `grid` is (H, W + 1): a row ends with its EOL token, as SJD's spatial initialisation expects (sjd note §1).
+The forced positions have one allowed token, so SJD accepts their drafts or replaces them by it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from bench.training import library_bars
+from teachers.data.prompts import missing_prompts, prompt_file, read_prompts
+from teachers.families import ar_token
+
+FOLDER = "Emu3-Gen-hf"
+REQUIRED = ("config.json", "tokenizer_config.json", "processor_config.json")
+POSITIVE_SUFFIX = " masterpiece, film grained, best quality."  # appended to every prompt by the official script
+NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                   "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
+                   "blurry.")  # the official script's
+VERSION = 1  # bump when a change alters what the same files give
+
+
+@dataclass
+class Emu3State:
+    cache: Any  # transformers.DynamicCache over [left-padded prompt, generated tokens]
+    mask: torch.Tensor  # (R, P + length) attention mask: R = batch, or 2 batch with the negative prompt's rows
+    batch: int
+    cfg: float
+    prompt_len: int  # P, the padded prompt length
+
+    @property
+    def length(self) -> int:
+        """Generated tokens whose keys/values are cached."""
+        return self.cache.get_seq_length() - self.prompt_len
+
+
+def structure(height: int, width: int, n: int, ids: dict[str, int]) -> list[int]:
+    """The token forced at each of the output positions 0 .. n-1, or -1 where any visual token may come: the rule of
+    `Emu3PrefixConstrainedLogitsHelper`, in its order (the EOL test first), for offsets 1 .. n."""
+    out, rows = [], (width + 1) * height
+    for offset in range(1, n + 1):
+        if offset % (width + 1) == 0:
+            out.append(ids["eol"])
+        elif offset > rows:
+            out.append({1: ids["eof"], 2: ids["eoi"], 3: ids["eos"]}.get(offset - rows, ids["pad"]))
+        else:
+            out.append(-1)
+    return out
+
+
+class Emu3Gen:
+    """Emu3-Gen (8.5 B) via transformers, 720 x 720 px (90 x 90 VQ tokens, each row ending with EOL), text prompts."""
+
+    family: ClassVar = ar_token.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True  # guided by the negative prompt
+    folder: ClassVar[str] = FOLDER
+    ratio: ClassVar[str] = "1:1"  # width:height
+    image_area: ClassVar[int] = 518400  # 720^2, the processor's and the official config's default
+
+    def __init__(self, name: str, model, processor, prompts: list[str], info: dict):
+        self.name, self.info = name, info
+        self.model = model.eval().requires_grad_(False)
+        self.processor, self.prompts = processor, prompts
+        tok, vocab = processor.tokenizer, model.vocabulary_mapping
+        self.height, self.width = processor.calculate_generate_size(self.ratio, self.image_area,
+                                                                    processor.downsample_ratio)
+        self.seq_len = self.height * (self.width + 1) + 3  # rows with their EOL, then EOF, EOI, EOS
+        self.grid = (self.height, self.width + 1)
+        self.vocab_size = model.config.text_config.vocab_size
+        self.pad_id = tok.pad_token_id
+        ids = {"eol": vocab.eol_token_id, "eof": tok.convert_tokens_to_ids(processor.eof_token),
+               "eoi": tok.convert_tokens_to_ids(processor.image_end_token), "eos": tok.eos_token_id, "pad": self.pad_id}
+        device = model.device
+        # position n (a pass may predict one past the end) is beyond the image: pad, as the official rule says
+        self._forced = torch.tensor(structure(self.height, self.width, self.seq_len + 1, ids), device=device)
+        self._visual = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+        self._visual[vocab.image_tokens] = True
+        self._prompt_ids = [self._encode(p + POSITIVE_SUFFIX) for p in prompts]
+        self._negative_ids = self._encode(NEGATIVE_PROMPT)
+
+    def _encode(self, text: str) -> list[int]:
+        enc = self.processor(text=text, return_for_image_generation=True, ratio=self.ratio,
+                             image_area=self.image_area)
+        return enc["input_ids"][0]
+
+    # ---- files ------------------------------------------------------------------------------------------------
+    @classmethod
+    def path(cls) -> Path:
+        return checkpoint_dir() / cls.folder
+
+    @classmethod
+    def prompt_path(cls) -> Path:
+        return prompt_file()
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        folder = cls.path()
+        missing = [name for name in REQUIRED if not (folder / name).is_file()]
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            missing.append("model.safetensors")
+        if missing:
+            return (f"missing {folder / missing[0]}: place the Hugging Face folder {cls.folder} (BAAI/{FOLDER}) in "
+                    f"{folder.parent}, or name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
+        return missing_prompts(cls.prompt_path())
+
+    @classmethod
+    def key(cls) -> str:
+        folder = cls.path()
+        files = sorted(folder.iterdir()) if folder.is_dir() else [folder]
+        return config_key("emu3-gen", [file_key(p) for p in files], file_key(cls.prompt_path()), cls.ratio,
+                          cls.image_area, POSITIVE_SUFFIX, NEGATIVE_PROMPT, VERSION)
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        path = cls.prompt_path()
+        return f"prompts-{path.stem}", {"file": str(path), "ratio": cls.ratio, "image_area": cls.image_area}
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "Emu3Gen":
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        from transformers import Emu3ForConditionalGeneration, Emu3Processor
+
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        with library_bars():
+            model = Emu3ForConditionalGeneration.from_pretrained(cls.path(), dtype=dtype).to(device)
+            processor = Emu3Processor.from_pretrained(cls.path())
+        prompts = read_prompts(cls.prompt_path())
+        info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
+        return cls(name, model, processor, prompts, info)
+
+    # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n, 1) prompt indices: a random order of the prompts (each once while n <= their number; then again)."""
+        m = len(self.prompts)
+        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device)
+                           for _ in range(-(-n // m))])
+        return order[:n, None]
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        return [self.prompts[i] for i in cond[:, 0].tolist()]
+
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[Emu3State, torch.Tensor]:
+        from transformers import DynamicCache
+
+        rows = [self._prompt_ids[i] for i in cond[:, 0].tolist()]
+        if cfg != 1.0:
+            rows += [self._negative_ids] * len(rows)
+        P, device = max(map(len, rows)), cond.device
+        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros(len(rows), P, dtype=torch.long, device=device)
+        for r, row in enumerate(rows):  # left padding: every row's last prompt token is at P - 1
+            ids[r, P - len(row) :] = torch.tensor(row, device=device)
+            mask[r, P - len(row) :] = 1
+        state = Emu3State(DynamicCache(), mask, len(cond), cfg, P)
+        logits = self._forward(state, ids)[:, -1]  # (R, V)
+        return state, self._constrain(ar_token.guide(state, logits)[:, None], 0)[:, 0]
+
+    @torch.inference_mode()
+    def extend(self, state: Emu3State, tokens: torch.Tensor) -> torch.Tensor:
+        first = state.length + 1  # the output position the first row of logits predicts
+        rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
+        state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
+        return self._constrain(ar_token.guide(state, self._forward(state, rows)), first)  # (B, L, V)
+
+    def rollback(self, state: Emu3State, length: int) -> None:
+        if not 0 <= length <= state.length:
+            raise ValueError(f"cannot roll a cache of {state.length} generated tokens back to {length}")
+        if length < state.length:
+            state.cache.crop(length - state.length)  # a negative count removes that many positions
+        state.mask = state.mask[:, : state.prompt_len + length]
+
+    def _forward(self, state: Emu3State, ids: torch.Tensor) -> torch.Tensor:  # (R, L) -> (R, L, V) float32
+        # positions as transformers' `generate` counts them: from each row's first unmasked token
+        positions = (state.mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        out = self.model(input_ids=ids, attention_mask=state.mask, position_ids=positions,
+                         past_key_values=state.cache, use_cache=True)
+        return out.logits.float()
+
+    def _constrain(self, logits: torch.Tensor, first: int) -> torch.Tensor:
+        """(B, L, V) logits of output positions first .. first+L-1 -> the same with every token the image structure
+        forbids at -inf."""
+        L = logits.shape[1]
+        forced = self._forced[torch.arange(first, first + L, device=logits.device).clamp(max=self.seq_len)]  # (L,)
+        one = torch.nn.functional.one_hot(forced.clamp(min=0), self.vocab_size).bool()  # (L, V)
+        allowed = torch.where((forced < 0)[:, None], self._visual, one)
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) structured output -> (B, 3, 8H, 8W) in [0, 1]
+        images = self.model.model.decode_image_tokens(image_tokens=tokens, height=self.height, width=self.width)
+        p = self.processor.image_processor
+        if p.do_normalize:  # the decoder's output is in the processor's normalised space
+            mean = torch.tensor(p.image_mean, device=images.device)[:, None, None]
+            std = torch.tensor(p.image_std, device=images.device)[:, None, None]
+            images = images.float() * std + mean
+        return images.float().clamp(0, 1)
+

@@ -1,0 +1,174 @@
+"""Emu3-Gen through transformers (teachers/pretrained/emu3.py), proved without the weights on a tiny random Emu3 saved
+with `save_pretrained` (tests/fakes.py `TinyEmu3`): its sampling distributions equal transformers' `generate` with the
+official script's logits processors, SJD on it is exact, and it runs from the CLI into MLflow and a report."""
+import pytest
+import torch
+
+from bench.config import build_config
+from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
+from teachers.families import ar_token
+from teachers.pretrained.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, structure
+from tests.fakes import EMU3_PROMPTS, tiny_emu3_teacher
+from tests.test_sjd import chi_square_p
+
+CFG, TOP_K = 3.0, 5
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    return tiny_emu3_teacher()
+
+
+def test_the_structure_of_a_720px_image_is_the_papers_8193_tokens():
+    ids = {"eol": -2, "eof": -3, "eoi": -4, "eos": -5, "pad": -6}
+    rule = structure(90, 90, 90 * 91 + 4, ids)
+    assert len(rule) - 1 == 8193  # SJD paper, Fig. 10: 8193 AR steps
+    assert [i for i, t in enumerate(rule[:90 * 91]) if t == -2] == [91 * r + 90 for r in range(90)]
+    assert rule[90 * 91 :] == [-3, -4, -5, -6] and rule.count(-1) == 90 * 90
+
+
+def official_prefix_rule(teacher, wrapper_id):
+    """The allowed tokens of baaivision/Emu3 `Emu3PrefixConstrainedLogitsHelper` (real_checkpoints.md §3e), for
+    transformers' `PrefixConstrainedLogitsProcessor`: the offset counts from the image-wrapper token."""
+    tok, H, W = teacher.processor.tokenizer, teacher.height, teacher.width
+    visual = teacher.model.vocabulary_mapping.image_tokens
+    eol = teacher.model.vocabulary_mapping.eol_token_id
+    eof, eoi = tok.convert_tokens_to_ids("<|extra_201|>"), tok.convert_tokens_to_ids("<|image end|>")
+
+    def allowed(batch_id, input_ids):
+        offset = input_ids.shape[0] - int(torch.nonzero(input_ids == wrapper_id)[0, 0])
+        if offset % (W + 1) == 0:
+            return [eol]
+        return {(W + 1) * H + 1: [eof], (W + 1) * H + 2: [eoi], (W + 1) * H + 3: [tok.eos_token_id]}.get(
+            offset, [tok.pad_token_id] if offset > (W + 1) * H + 3 else visual)
+    return allowed
+
+
+def test_sampling_distributions_equal_transformers_generate_with_the_official_processors(teacher):
+    """The official pipeline per prompt (CFG against the negative prompt with its own cache, the prefix constraint,
+    top-k, in that order) vs our batched, left-padded rows: the same distribution at every output position."""
+    from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor
+    from transformers.generation import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    proc, model = teacher.processor, teacher.model
+    kwargs = dict(return_for_image_generation=True, ratio=teacher.ratio, image_area=teacher.image_area,
+                  return_tensors="pt")
+    negative = proc(text=NEGATIVE_PROMPT, **kwargs).input_ids
+    wrapper = proc.tokenizer.convert_tokens_to_ids("<|image token|>")
+    picks = [0, 2]  # prompts of different lengths: our rows are left-padded
+    hf_tokens, hf_probs = [], []
+    for i in picks:
+        ids = proc(text=EMU3_PROMPTS[i] + POSITIVE_SUFFIX, **kwargs).input_ids
+        assert ids[0].tolist() == teacher._prompt_ids[i]
+        out = model.generate(ids, do_sample=True, top_k=TOP_K, max_new_tokens=teacher.seq_len,
+                             output_scores=True, return_dict_in_generate=True,
+                             logits_processor=LogitsProcessorList([
+                                 UnbatchedClassifierFreeGuidanceLogitsProcessor(CFG, model, unconditional_ids=negative),
+                                 PrefixConstrainedLogitsProcessor(official_prefix_rule(teacher, wrapper), 1)]))
+        hf_tokens.append(out.sequences[0, ids.shape[1] :])
+        hf_probs.append(torch.softmax(torch.stack(out.scores, 1)[0].float(), -1))  # (N, V)
+    assert len(set(map(len, (teacher._prompt_ids[i] for i in picks)))) == 2
+    tokens = torch.stack(hf_tokens)  # (2, N): generate stopped at EOS, the last forced token
+    assert tokens.shape[1] == teacher.seq_len and (tokens[:, -1] == proc.tokenizer.eos_token_id).all()
+    state, first = teacher.start(torch.tensor([[i] for i in picks]), cfg=CFG)
+    logits = torch.cat([first[:, None], teacher.extend(state, tokens[:, :-1])], 1)  # (2, N, V)
+    ours = ar_token.process(logits, ar_token.SamplingConfig(top_k=TOP_K, cfg=CFG))
+    torch.testing.assert_close(ours, torch.stack(hf_probs), atol=1e-5, rtol=0)
+
+
+def test_rollback_equals_a_fresh_decode(teacher):
+    """Windows appended and cut back (both CFG branches, the mask with them) give the logits of one pass over the
+    committed tokens."""
+    cond, g = torch.tensor([[1]]), torch.Generator().manual_seed(0)
+    state, _ = teacher.start(cond, cfg=CFG)
+    committed = []
+    while len(committed) < teacher.seq_len - 3:
+        window = torch.randint(teacher._visual.nonzero().min().item(), teacher.vocab_size, (1, 3), generator=g)
+        teacher.extend(state, window)
+        committed += window[0, : torch.randint(1, 4, (1,), generator=g).item()].tolist()
+        teacher.rollback(state, len(committed))
+        assert state.length == len(committed) and state.mask.shape[1] == state.prompt_len + len(committed)
+    probe = torch.tensor([[committed[-1]]])
+    cached = teacher.extend(state, probe)
+    fresh_state, _ = teacher.start(cond, cfg=CFG)
+    fresh = teacher.extend(fresh_state, torch.tensor([committed + probe[0].tolist()]))[:, -1:]
+    torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
+
+
+def support_law(teacher, cond: torch.Tensor, s: ar_token.SamplingConfig) -> dict[tuple, float]:
+    """The exact law of a teacher whose processed distributions have small supports, position by position: every
+    prefix of positive probability extended by every token its distribution allows (teacher-forced, no rollback)."""
+    seqs, probs = torch.zeros(1, 0, dtype=torch.long), torch.ones(1, dtype=torch.float64)
+    for i in range(teacher.seq_len):
+        state, first = teacher.start(cond.expand(len(seqs), -1), cfg=s.cfg)
+        logits = first if i == 0 else teacher.extend(state, seqs)[:, -1]
+        p = ar_token.process(logits, s).double()  # (M, V)
+        row, tok = p.nonzero(as_tuple=True)
+        seqs, probs = torch.cat([seqs[row], tok[:, None]], 1), probs[row] * p[row, tok]
+    return {tuple(q.tolist()): v for q, v in zip(seqs, probs.tolist())}
+
+
+def sjd_p(teacher, n=1500, seed=0) -> float:
+    """Chi-square p-value of n SJD decodes against the exact law: top-k 2 over 6 visual tokens, 64 sequences."""
+    config = build_config(SJDConfig, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG}, owner="sjd")
+    cond, g = torch.tensor([[3]]), torch.Generator().manual_seed(seed)
+    law = support_law(teacher, cond, config.sampling)
+    assert len(law) == 64
+    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0].tolist()), n)
+
+
+def test_sjd_on_emu3_matches_its_exact_distribution(teacher):
+    assert sjd_p(teacher) > 1e-3
+
+
+def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected():
+    broken = tiny_emu3_teacher()
+    broken.rollback = lambda state, length: None
+    assert sjd_p(broken) < 1e-3
+
+
+def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path):
+    """`tiny-emu3` (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow, then a report; the
+    methods that read a codebook are refused in one line, and so are metrics that need real images."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["--teacher", "tiny-emu3", "--n-samples", "2", "--batch-size", "1", "--tracking-uri", store,
+              "--cache-dir", str(tmp_path / "cache"), "--experiment", "emu3", "--warmup", "0", "--no-progress",
+              "--param", f"cfg={CFG}", "--param", f"top_k={TOP_K}"]
+    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4", "init=repeat-above"]}.items():
+        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("emu3").experiment_id])
+    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
+    assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 11 for r in runs)
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "emu3", "--out", str(tmp_path / "r")]) == 0
+    assert "## tiny-emu3" in (tmp_path / "r" / "REPORT.md").read_text()
+    assert cli.main(["run", "--method", "ar", "--metric", "fid", *common]) == 2
+
+
+def test_dd_on_emu3_is_refused_in_one_line(teacher):
+    from bench.errors import UserError
+    from methods.dd import DD, DDConfig
+
+    with pytest.raises(UserError, match="reads the teacher's network and codebook"):
+        DD(teacher, DDConfig())
+
+
+def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
+    from bench import cli
+
+    monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
+    args = ["run", "--teacher", "emu3-gen", "--method", "sjd", "--checkpoints", str(tmp_path),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/Emu3-Gen-hf/config.json" in err and "--checkpoints" in err
+    (tmp_path / "Emu3-Gen-hf").mkdir()
+    for name in ("config.json", "tokenizer_config.json", "processor_config.json", "model.safetensors"):
+        (tmp_path / "Emu3-Gen-hf" / name).touch()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/captions_val2017.json" in err and "ACCELBENCH_PROMPTS" in err
