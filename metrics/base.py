@@ -16,7 +16,7 @@ import torch
 
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
 from bench.errors import UserError
-from metrics.features import check_choice, embed, load_extractor, reference_features
+from metrics.features import check_choice, embed, has_reference_batch, load_extractor, reference_features
 
 
 class Metric:
@@ -81,6 +81,9 @@ class ImageFeatureMetric(Metric):
     """
 
     uses_logits: ClassVar[bool] = False  # the inception score reads class logits rather than features
+    # What the metric compares with: real "images" (their features), or "statistics" (FID: the mean and covariance
+    # of a reference-statistics file, on a teacher of a real checkpoint), or None (the inception score).
+    compares_with: ClassVar[str | None] = "images"
 
     @classmethod
     def check(cls, extractor: str | None) -> str | None:
@@ -89,28 +92,40 @@ class ImageFeatureMetric(Metric):
 
     @classmethod
     def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
-        """A teacher of a real checkpoint has no real images here, only `reference_statistics` (file name, tag):
-        FID in Inception features against them (`metrics.fid`) is the one image metric it takes."""
+        """A teacher of a real checkpoint has no real images here, only `reference_statistics` (file name, tag): its
+        image metrics are @inception, against that file (FID: `mu`, `sigma`; KID, precision and recall: the
+        reference batch `arr_0` of ADM's files), or against nothing (the inception score)."""
         stats = getattr(teacher_cls, "reference_statistics", None)
+        spec = f"{cls.name}@{extractor or 'cnn'}"
         if stats is None:
-            if not cls.has_dataset(teacher_cls):
-                raise UserError(f"metric {cls.name}@{extractor or 'cnn'} compares with real images; teacher "
-                                f"{teacher!r} has no dataset here and no reference statistics (text-image metrics: "
-                                f"clip@<arch>, hpsv2)")
+            if not cls.has_dataset(teacher_cls) and cls.compares_with is not None:
+                raise UserError(f"metric {spec} compares with real images; teacher {teacher!r} has no dataset here "
+                                f"and no reference statistics (text-image metrics: clip@<arch>, hpsv2)")
+            if not cls.has_dataset(teacher_cls) and extractor != "inception":
+                raise UserError(f"metric {spec} reads the classifier trained on the teacher's dataset; teacher "
+                                f"{teacher!r} has none here: use {cls.name}@inception")
             return
-        if cls.name != "fid" or extractor != "inception":
-            raise UserError(f"metric {cls.name}@{extractor or 'cnn'} needs real images of teacher {teacher!r}'s data, "
-                            f"which are not at hand; its FID is fid@inception against {stats[0]}")
+        if extractor != "inception":
+            raise UserError(f"metric {spec} needs real images of teacher {teacher!r}'s data, which are not at hand; "
+                            f"on it, image metrics are @inception against {stats[0]}, e.g. fid@inception")
+        if cls.compares_with is None:
+            return
         path = checkpoint_dir() / stats[0]
         if not path.is_file():
-            raise UserError(f"missing {path}: fid@inception on teacher {teacher!r} compares with the reference "
+            raise UserError(f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
                             f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place it there "
                             f"or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
+        if cls.compares_with == "images" and not has_reference_batch(path):
+            raise UserError(f"metric {spec} compares with reference images; {path} holds statistics only (no "
+                            f"arr_0): fid@inception is the metric it supports")
 
     def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device)
-        self.model = load_extractor(extractor, teacher, cache=cache, device=device)
+        self.model = load_extractor(extractor, teacher, cache=cache, device=device, logits=self.uses_logits)
         self.extractor = self.model.name
+        stats = getattr(teacher, "reference_statistics", None)
+        if stats is not None and self.compares_with is not None:  # the key names the reference: ".adm-in256"
+            self.extractor = f"{self.model.name}.{stats[1]}"
         self._generated: list[torch.Tensor] = []
 
     @functools.cached_property

@@ -2,7 +2,8 @@
 
 Two extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
 - `cnn` (default): the small classifier trained on the teacher's dataset (`metrics.extractors`), seconds on CPU;
-- `inception`: the standard FID Inception-v3 from a local TorchScript file (`metrics.inception`), slow on CPU.
+- `inception`: the standard FID Inception-v3 from a local TorchScript file (`metrics.inception`), slow on CPU; for
+  class logits (`is@inception`), the same network with its classifier, through torch-fidelity.
 
 The reference side (features of the real test split) is cached on disk, clean-fid style, keyed by dataset, split,
 image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once.
@@ -10,24 +11,27 @@ Metrics hand features, never images, to torchmetrics through `Features`, so each
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn as nn
 
-from bench.cache import Cache, config_key
+from bench.cache import Cache, checkpoint_dir, config_key, file_key
 from bench.errors import UserError
 from teachers.data.images import load_image_dataset
 
 CHOICES = ("cnn", "inception")
 REFERENCE_SPLIT = "test"
+REFERENCE_BATCH = "arr_0"  # the images of an ADM reference batch
 REFERENCE_VERSION = 1  # bump when the way reference features are computed changes
 
 
 class ImageExtractor(Protocol):
     name: str  # appears in every metric key, e.g. "fid.digits-cnn"
     num_features: int
-    num_classes: int | None  # None: no `logits` method (no inception score; `check_choice` refuses it)
+    num_classes: int | None  # None: no `logits` method (no inception score)
     batch: int  # images per forward pass
     max_reference: int | None  # cap on reference images (None: the whole split)
     preprocessing: str  # how [0, 1] images are turned into the network's input; part of the reference key
@@ -38,23 +42,26 @@ class ImageExtractor(Protocol):
 
 def check_choice(metric: str, choice: str | None, *, logits: bool) -> None:
     """Validate "metric@choice" before any work; the Inception weights must then be on disk."""
-    from metrics.inception import weights_path
+    from metrics.inception import logits_weights_path, weights_path
 
     if choice is None or choice == "cnn":
         return
     if choice not in CHOICES:
         raise UserError(f"metric {metric!r}: unknown extractor {choice!r}; valid: {', '.join(CHOICES)}")
     if logits:
-        raise UserError(f"metric {metric!r} needs class logits; the inception TorchScript has none (use {metric}@cnn)")
-    weights_path()
+        logits_weights_path()
+    else:
+        weights_path()
 
 
-def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: torch.device) -> ImageExtractor:
+def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: torch.device,
+                   logits: bool = False) -> ImageExtractor:
+    """The extractor `choice`; with `logits`, one that also gives class logits (torch-fidelity's Inception)."""
     from metrics.extractors import load_classifier
-    from metrics.inception import load_inception
+    from metrics.inception import load_inception, load_inception_logits
 
     if choice == "inception":
-        return load_inception(device)
+        return load_inception_logits(device) if logits else load_inception(device)
     return load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
 
 
@@ -70,8 +77,13 @@ def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
                        device: torch.device) -> torch.Tensor:
     """Features (n, D) of the real reference split: from the cache, or computed and cached on first use.
 
-    The key holds the cap on the image count, not the count itself, so a cache hit never loads the split.
+    The key holds the cap on the image count, not the count itself, so a cache hit never loads the split. A teacher
+    of a real checkpoint has no split here: its reference is the batch of images in its reference-statistics file
+    (`reference_batch_features`).
     """
+    stats = getattr(teacher, "reference_statistics", None)
+    if stats is not None:
+        return reference_batch_features(extractor, checkpoint_dir() / stats[0], cache=cache, device=device)
     recipe = {"dataset": teacher.dataset_name, "split": REFERENCE_SPLIT, "image_size": teacher.image_size,
               "extractor": extractor.name, "weights": extractor.fingerprint,
               "preprocessing": extractor.preprocessing, "max_images": extractor.max_reference}
@@ -84,6 +96,30 @@ def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
 
     feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION), build)
     return feats
+
+
+def reference_batch_features(extractor: ImageExtractor, path: Path, *, cache: Cache,
+                             device: torch.device) -> torch.Tensor:
+    """Features (n, D) of the images `arr_0` (n, H, W, 3) uint8 of a reference batch: ADM's evaluation files
+    (`VIRTUAL_imagenet256_labeled.npz`: 10,000 ImageNet images beside `mu` and `sigma`), all of them, as ADM's
+    evaluator scores precision and recall against the whole batch. Cached under the file's identity."""
+    recipe = {"file": file_key(path), "extractor": extractor.name, "weights": extractor.fingerprint,
+              "preprocessing": extractor.preprocessing}
+
+    def build() -> torch.Tensor:
+        with np.load(path) as f:
+            images = f[REFERENCE_BATCH]
+        return torch.cat([embed(extractor, torch.from_numpy(images[i : i + 1000]).permute(0, 3, 1, 2).float() / 255,
+                                device=device) for i in range(0, len(images), 1000)])
+
+    feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION), build)
+    return feats
+
+
+def has_reference_batch(path: Path) -> bool:
+    """Whether a reference-statistics file also holds the images (reads the archive's index only)."""
+    with np.load(path) as f:
+        return REFERENCE_BATCH in f.files
 
 
 class Features(nn.Module):

@@ -25,6 +25,7 @@ class FID(ImageFeatureMetric):
 
     name = "fid"
     higher_is_better = False
+    compares_with = "statistics"  # on a teacher of a real checkpoint; the real split's features otherwise
 
     def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device, extractor=extractor)
@@ -32,7 +33,6 @@ class FID(ImageFeatureMetric):
         if stats is not None:
             with np.load(checkpoint_dir() / stats[0]) as f:
                 self._stats = {"mu": f["mu"].astype(np.float64), "sigma": f["sigma"].astype(np.float64)}
-            self.extractor = f"{self.model.name}.{stats[1]}"
             return
         # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.
         self._fid = FrechetInceptionDistance(feature=Features(self.model.num_features), reset_real_features=False)

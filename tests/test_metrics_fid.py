@@ -85,8 +85,12 @@ def test_extractor_choices_are_validated():
         FID.check("vgg")
     from metrics.inception_score import InceptionScore
 
-    with pytest.raises(UserError, match="needs class logits"):
-        InceptionScore.check("inception")
+    with pytest.MonkeyPatch.context() as mp:  # is@inception reads torch-fidelity's weights file, named in one line
+        mp.setenv("ACCELBENCH_CHECKPOINTS", "/nonexistent")
+        mp.delenv("ACCELBENCH_INCEPTION_LOGITS_WEIGHTS", raising=False)
+        with pytest.raises(UserError, match="missing /nonexistent/weights-inception-2015-12-05-6726825d.pth: the "
+                                            "inception score reads Inception-v3's class logits"):
+            InceptionScore.check("inception")
 
 
 @pytest.mark.parametrize("fake", ["train", "noise"])

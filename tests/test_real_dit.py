@@ -185,7 +185,80 @@ def test_image_metrics_on_a_real_checkpoint_teacher_are_checked_before_any_work(
         return capsys.readouterr().err.strip()
 
     assert "fid@cnn needs real images" in run("fid")
-    assert "its FID is fid@inception against VIRTUAL_imagenet256_labeled.npz" in run("kid")
+    assert "image metrics are @inception against VIRTUAL_imagenet256_labeled.npz" in run("kid")
     err = run("fid@inception")
     assert f"missing {tmp_path}/VIRTUAL_imagenet256_labeled.npz" in err and "openai/guided-diffusion" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+class Pixels:
+    """A 16-feature stand-in for Inception: what is tested is the reference path, not the network."""
+    name, num_features, num_classes, batch, fingerprint, preprocessing = "inception-v3", 16, None, 64, "px", "pool"
+
+    def features(self, images):  # (B, 3, H, W) -> (B, 16)
+        return torch.nn.functional.adaptive_avg_pool2d(images, 4).mean(1).flatten(1)
+
+
+def test_kid_precision_and_recall_against_an_adm_reference_batch(tmp_path, monkeypatch):
+    """On a teacher of a real checkpoint, KID, precision and recall compare with the images `arr_0` of the
+    reference file (all of them, as ADM's evaluator does), under keys naming the reference; a file of statistics
+    only is refused for them (not for FID) before any work."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from torch_fidelity.metric_prc import prc_features_to_metric
+
+    import metrics.base
+    from bench.cache import Cache
+    from bench.errors import UserError
+    from metrics.fid import FID
+    from metrics.precision_recall import Precision, Recall
+
+    monkeypatch.setattr(metrics.base, "load_extractor", lambda *args, **kwargs: Pixels())
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, 256, (40, 8, 8, 3), generator=g, dtype=torch.uint8)
+    np.savez(tmp_path / "ref.npz", arr_0=batch.numpy(), mu=np.zeros(16), sigma=np.eye(16))
+    teacher = SimpleNamespace(reference_statistics=("ref.npz", "test-ref"))
+    images = torch.rand(30, 3, 8, 8, generator=g)
+    real = Pixels().features(batch.permute(0, 3, 1, 2).float() / 255)
+    expected = prc_features_to_metric(Pixels().features(images), real, prc_neighborhood=3, verbose=False)
+    for cls, result in ((Precision, "precision"), (Recall, "recall")):
+        cls.check_teacher("t", teacher, "inception")
+        m = cls(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+        m.update(images, None)
+        assert m.compute() == {f"{result}.inception-v3.test-ref": pytest.approx(float(expected[result]))}
+    np.savez(tmp_path / "ref.npz", mu=np.zeros(16), sigma=np.eye(16))
+    FID.check_teacher("t", teacher, "inception")
+    with pytest.raises(UserError, match="ref.npz holds statistics only"):
+        Precision.check_teacher("t", teacher, "inception")
+
+
+def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypatch):
+    """is@inception: torch-fidelity's Inception-v3 with its classifier, from a weights file in its own format
+    (random weights here, written by its own class), gives the score torch-fidelity computes from its logits."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    from torch_fidelity.metric_isc import isc_features_to_metric
+
+    from bench.cache import Cache
+    from metrics.inception_score import InceptionScore
+
+    torch.save({}, tmp_path / "empty.pth")
+    with mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None):
+        torch.manual_seed(0)
+        net = FeatureExtractorInceptionV3("x", ["logits_unbiased"], feature_extractor_weights_path=tmp_path / "empty.pth")
+    torch.save(net.state_dict(), tmp_path / "weights-inception-2015-12-05-6726825d.pth")
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    teacher = SimpleNamespace(reference_statistics=("absent.npz", "test-ref"))  # IS reads no reference
+    InceptionScore.check("inception")
+    InceptionScore.check_teacher("t", teacher, "inception")
+    score = InceptionScore(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+    images = torch.rand(12, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    score.update(images, None)
+    ((key, value),) = score.compute().items()  # 12 images: one split
+    (logits,) = net.eval()((images * 255).round().to(torch.uint8))
+    expected = isc_features_to_metric(logits, splits=1, shuffle=False)["inception_score_mean"]
+    assert key == "is.inception-v3" and value == pytest.approx(expected, rel=1e-5)

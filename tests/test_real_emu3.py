@@ -172,3 +172,22 @@ def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"missing {tmp_path}/captions_val2017.json" in err and "ACCELBENCH_PROMPTS" in err
+
+
+def test_prompt_files_in_each_format(tmp_path):
+    import json
+
+    from bench.errors import UserError
+    from teachers.data.prompts import read_prompts
+
+    coco = {"annotations": [{"image_id": 9, "id": 1, "caption": "a dog. "}, {"image_id": 2, "id": 2, "caption": "a cat"},
+                            {"image_id": 9, "id": 3, "caption": "a brown dog"}]}
+    (tmp_path / "c.json").write_text(json.dumps(coco))
+    assert read_prompts(tmp_path / "c.json") == ["a cat", "a dog."]  # one per image (its first), by image id
+    (tmp_path / "p.tsv").write_text("Prompt\tCategory\nbread\tFood\na tree\tOutdoor\n")
+    assert read_prompts(tmp_path / "p.tsv") == ["bread", "a tree"]
+    (tmp_path / "p.txt").write_text("one\n\n two \n")
+    assert read_prompts(tmp_path / "p.txt") == ["one", "two"]
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(UserError, match="no prompts"):
+        read_prompts(tmp_path / "empty.txt")
