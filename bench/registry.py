@@ -5,7 +5,8 @@ A package declares its entries as import paths (`METHODS.register("sjd", "method
 imports no other. Plugins may register objects directly (`@METHODS.register("my-method")`). The built-in packages
 and the modules named by `ACCELBENCH_PLUGINS` (comma-separated, imported in every process, sweep workers included)
 are read on the first lookup. An unknown name is a `UserError` that lists the valid names, so a typo on the command
-line is one clear line.
+line is one clear line. A prefix may stand for a family of names (`TEACHERS.register_prefix("hf:", ...)`: the
+teacher `hf:gpt2` is the causal LM in the folder `gpt2`): its factory makes the entry of each full name.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Any] = {}  # name -> the entry, or its "module:attribute" path until first use
+        self._prefixes: dict[str, Any] = {}  # prefix -> a factory (full name -> entry), or its import path
 
     def register(self, name: str, target: Any = None) -> Callable[[Any], Any] | None:
         """Register `target` (an object, or a "module:attribute" path imported on first use) under `name`; without
@@ -41,15 +43,24 @@ class Registry:
         self._entries[name] = target
         return None
 
+    def register_prefix(self, prefix: str, factory: str) -> None:
+        """Names starting with `prefix` resolve to `factory(name)` ("module:attribute", imported on first use)."""
+        if prefix in self._prefixes:
+            raise ValueError(f"{self.kind} prefix {prefix!r} registered twice")
+        self._prefixes[prefix] = factory
+
     def get(self, name: str) -> Any:
         _load_declarations()
+        prefix = next((p for p in self._prefixes if name.startswith(p) and len(name) > len(p)), None)
+        if name not in self._entries and prefix is not None:
+            return _resolve(self._prefixes[prefix])(name)
         try:
             entry = self._entries[name]
         except KeyError:
-            raise UserError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}") from None
+            valid = [*sorted(self._entries), *(f"{p}<...>" for p in self._prefixes)]
+            raise UserError(f"unknown {self.kind} {name!r}; valid: {', '.join(valid)}") from None
         if isinstance(entry, str):
-            module, _, attr = entry.partition(":")
-            entry = self._entries[name] = getattr(importlib.import_module(module), attr)
+            entry = self._entries[name] = _resolve(entry)
         return entry
 
     def names(self) -> list[str]:
@@ -60,6 +71,11 @@ class Registry:
         """Every entry, resolved (imports every module behind the registry)."""
         for name in self.names():
             yield name, self.get(name)
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 TEACHERS = Registry("teacher")

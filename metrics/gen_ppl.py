@@ -8,43 +8,33 @@ is taken, and gen-PPL = exp(mean over samples of those means). Evaluators:
   padding and an attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is context only
   and texts of fewer than 2 tokens are not scored;
 - `gen_ppl@tiny` (key "gen_ppl.<teacher.companion_lm>"): the causal LM trained on the teacher's own corpus and tokenizer
-  (seconds instead of minutes); it reads a BOS, so every token is scored; newlines are its EOS separators again.
+  (seconds instead of minutes); it reads a BOS, so every token is scored; newlines are its EOS separators again;
+- `gen_ppl@hf:<folder>` (key "gen_ppl.<folder's name>", e.g. "gen_ppl.gpt2-large", SDTT's evaluator): any Hugging Face
+  causal LM in a local folder (the teacher `hf:<folder>`, `teachers.pretrained.hf_folder`), in float32, as SmolLM2.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 
 from bench.errors import UserError
 from metrics.base import Metric
 from teachers import load_teacher
-from teachers.pretrained import smollm2
+from teachers.pretrained import hf_folder, smollm2
 
 SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher the evaluator is
 
 
-class SmolLM2Evaluator:
-    name = smollm2.NAME
+class CausalLMEvaluator:
+    """A registered Hugging Face causal-LM teacher (`teachers.pretrained.hf_causal_lm`) as the evaluator."""
 
-    def __init__(self, teacher, cache, device, batch: int = 16):
-        lm = load_teacher(SMOLLM2, cache=cache, device=device)
-        self.model, self.tok = lm.network, lm.tokenizer
-        self.device, self.batch = device, batch
+    def __init__(self, teacher_name: str, cache, device):
+        self.lm = load_teacher(teacher_name, cache=cache, device=device)
+        self.name = self.lm.evaluator_name
 
-    @torch.inference_mode()
     def nll_per_sample(self, texts: list[str]) -> torch.Tensor:
-        """Mean next-token NLL of each text, (n,); NaN for a text of fewer than 2 tokens."""
-        out = []
-        for i in range(0, len(texts), self.batch):
-            enc = self.tok(texts[i : i + self.batch], return_tensors="pt", padding=True).to(self.device)
-            ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, T), right-padded
-            logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()  # (B, T-1, V)
-            nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-            scored = mask[:, 1:].float()
-            out.append((nll * scored).sum(1) / scored.sum(1))  # 0 / 0 = NaN for a 1-token text
-        return torch.cat(out).cpu()
+        return self.lm.nll_per_sample(texts)
 
 
 class CompanionEvaluator:
@@ -73,7 +63,15 @@ class CompanionEvaluator:
         return torch.cat(out)
 
 
-EVALUATORS = {"smollm2": SmolLM2Evaluator, "tiny": CompanionEvaluator}
+EVALUATORS = ("smollm2", "tiny", "hf:<folder>")
+
+
+def evaluator(choice: str, teacher, cache, device):
+    if choice == "tiny" and hf_folder.is_folder_name(teacher.companion_lm):  # a real teacher's: GPT-2 for MDLM-OWT
+        return CausalLMEvaluator(teacher.companion_lm, cache, device)
+    if choice == "tiny":
+        return CompanionEvaluator(teacher, cache, device)
+    return CausalLMEvaluator(SMOLLM2 if choice == "smollm2" else choice, cache, device)
 
 
 class GenPPL(Metric):
@@ -85,8 +83,10 @@ class GenPPL(Metric):
 
     @classmethod
     def check(cls, extractor: str | None) -> str | None:
-        if extractor is not None and extractor not in EVALUATORS:
+        if extractor is not None and extractor not in EVALUATORS and not hf_folder.is_folder_name(extractor):
             raise UserError(f"metric 'gen_ppl': unknown evaluator {extractor!r}; valid: {', '.join(EVALUATORS)}")
+        if extractor is not None and hf_folder.is_folder_name(extractor):
+            hf_folder.check(extractor)
         if (extractor or "smollm2") == "smollm2":
             reason = smollm2.unavailable()
             return f"gen_ppl: {reason}" if reason else None
@@ -94,7 +94,7 @@ class GenPPL(Metric):
 
     def __init__(self, teacher, *, cache, device, extractor=None):
         super().__init__(teacher, cache=cache, device=device)
-        self.evaluator = EVALUATORS[extractor or "smollm2"](teacher, cache, device)
+        self.evaluator = evaluator(extractor or "smollm2", teacher, cache, device)
         self.extractor = self.evaluator.name
         self._nll: list[torch.Tensor] = []
 

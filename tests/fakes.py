@@ -13,6 +13,7 @@ from teachers.families import ar_token, continuous_ar
 from teachers.pretrained.dit import OfficialDiT
 from teachers.pretrained.emu3 import Emu3Gen
 from teachers.pretrained.llamagen import LlamaGenC2I
+from teachers.pretrained.mdlm_owt import MDLMOWT
 
 
 @dataclass
@@ -375,6 +376,72 @@ class TinyEmu3(Emu3Gen):
 def tiny_emu3_teacher(device="cpu"):
     """`TinyEmu3`, loaded through `Emu3Gen.load` (transformers' `from_pretrained`)."""
     return TinyEmu3.load("tiny-emu3", cache=None, device=torch.device(device))
+
+
+
+def write_sdtt_checkpoints(folder: Path) -> None:
+    """The SDTT paper's files in their official formats and names, tiny and random: `gpt2/` (a byte-level BPE
+    tokenizer of 300 tokens with GPT-2's one special token, saved as GPT-2's fast tokenizer, and a 2-layer GPT-2 of 33
+    positions), `mdlm-owt/` (the release's config.json and model.safetensors with `backbone.` keys: a 2-block
+    MDLM DiT over 32 tokens), and `webtext.{train,test}.jsonl` (WordNet glosses, 20 to a document)."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    from teachers.data.text import load_documents
+    from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
+
+    glosses = load_documents("wordnet")
+    docs = [" ".join(glosses[i : i + 20]) for i in range(0, 4000, 20)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    tok = GPT2TokenizerFast(tokenizer_object=bpe, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                            unk_token="<|endoftext|>")
+    V = len(tok)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=33, n_embd=32, n_layer=2, n_head=2,
+                                          bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id))
+        cfg = MDLMDiTConfig(vocab_size=V + 1, hidden_size=32, cond_dim=16, length=32, n_blocks=2, n_heads=4)
+        mdlm = MDLMDiT(cfg)
+        for p in mdlm.parameters():  # the official init zeroes adaLN and the output layer
+            torch.nn.init.normal_(p, std=0.1)
+    gpt2.save_pretrained(folder / "gpt2")
+    tok.save_pretrained(folder / "gpt2")
+    (folder / "mdlm-owt").mkdir()
+    save_file({f"backbone.{k}": v.contiguous() for k, v in mdlm.state_dict().items()},
+              folder / "mdlm-owt" / "model.safetensors")
+    (folder / "mdlm-owt" / "config.json").write_text(json.dumps({
+        "model_type": "mdlm", "hidden_dim": 32, "cond_dim": 16, "model_length": 32, "n_blocks": 2, "n_heads": 4,
+        "dropout": 0.1, "vocab_size": V + 1, "time_conditioning": False}))
+    for split, part in (("train", docs[:150]), ("test", docs[150:])):
+        (folder / f"webtext.{split}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
+
+
+class TinyMDLMOWT(MDLMOWT):
+    """`mdlm-owt` on the tiny files of `write_sdtt_checkpoints` (a folder of this test process)."""
+
+    @classmethod
+    def root(cls):
+        return _files("tiny-sdtt", write_sdtt_checkpoints)
+
+
+def tiny_gpt2_folder_teacher(device="cpu"):
+    """The teacher `hf:<folder>` on the tiny GPT-2 of `write_sdtt_checkpoints`: unconditional, from BOS."""
+    from teachers.pretrained.hf_folder import teacher_class
+
+    name = f"hf:{_files('tiny-sdtt', write_sdtt_checkpoints) / 'gpt2'}"
+    return teacher_class(name).load(name, cache=None, device=torch.device(device))
+
+
+def tiny_mdlm_owt_teacher(device="cpu"):
+    """`TinyMDLMOWT`, loaded through `MDLMOWT.load` (safetensors with `backbone.` keys, GPT-2's tokenizer)."""
+    return TinyMDLMOWT.load("tiny-mdlm-owt", cache=None, device=torch.device(device))
 
 
 class CharTokenizer:

@@ -16,9 +16,9 @@ import torch
 from bench.cache import Cache
 from bench.registry import METHODS, METRICS
 from methods.base import OwnSampler
-from tests.fakes import (tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher,
-                         tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
-                         tiny_text_gpt_teacher)
+from tests.fakes import (tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_gpt_teacher,
+                         tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_owt_teacher,
+                         tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher)
 
 DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -27,9 +27,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 # The fakes whose state lives in tensors (the table fakes compute in Python on the CPU), by family name.
 FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
-                      tiny_emu3_teacher],
+                      tiny_emu3_teacher, tiny_gpt2_folder_teacher],
          "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher, tiny_official_dit_teacher],
-         "masked-diffusion-lm": [tiny_mdlm_teacher]}
+         "masked-diffusion-lm": [tiny_mdlm_teacher, tiny_mdlm_owt_teacher]}
+TRANSFORMERS_FAKES = (tiny_hf_lm_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_mdlm_owt_teacher)
 FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},
             "skip-n": {"n_pairs": 32},
             **{m: {"steps": 8, "n_traj": 8, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")},
@@ -58,7 +59,7 @@ def test_method_samples_on_the_device(name, tmp_path):
     for family in cls.families:
         fast = build_config(cls.config_class(family), FAST_FIT.get(name, {}), owner=name)
         for make in FAKES[family.name]:
-            if (make in (tiny_hf_lm_teacher, tiny_emu3_teacher) and importlib.util.find_spec("transformers") is None
+            if (make in TRANSFORMERS_FAKES and importlib.util.find_spec("transformers") is None
                     or make is tiny_official_dit_teacher and importlib.util.find_spec("diffusers") is None):
                 continue
             teacher = make(device=DEVICE)

@@ -57,3 +57,54 @@ def test_a_file_without_the_rotary_buffer_loads(fixture):
                         n_blocks=m["n_blocks"], n_heads=m["n_heads"])
     torch.testing.assert_close(MDLMDiT.from_state_dict(cfg, state).rotary_emb.inv_freq,
                                fixture["state_dict"]["rotary_emb.inv_freq"])
+
+
+def test_missing_mdlm_owt_files_are_one_line(tmp_path, capsys):
+    from bench import cli
+
+    args = ["run", "--teacher", "mdlm-owt", "--method", "mdlm", "--checkpoints", str(tmp_path),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/mdlm-owt/config.json" in err and "kuleshov-group/mdlm-owt" in err
+    assert cli.main(["run", "--teacher", "hf:gpt2-large", "--method", "ar", "--checkpoints", str(tmp_path)]) == 2
+    assert f"missing {tmp_path}/gpt2-large/config.json" in capsys.readouterr().err
+    assert cli.main(["run", "--teacher", "wordnet-gpt", "--method", "ar", "--metric", "gen_ppl@hf:gpt2-large",
+                     "--checkpoints", str(tmp_path)]) == 2
+    assert f"missing {tmp_path}/gpt2-large/config.json" in capsys.readouterr().err
+
+
+def test_the_sdtt_papers_setting_runs_from_the_cli_on_tiny_files_in_the_official_formats(tmp_path):
+    """The registered `mdlm-owt` and `hf:gpt2` teachers on tiny random files in the release formats
+    (tests/fakes.py `write_sdtt_checkpoints`): `mdlm`, `sdtt` (one short round, GPT-2's AR arm), GPT-2 by `ar` and
+    `sjd`, with gen-PPL and MAUVE under GPT-2, into MLflow and a report."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from tests.fakes import write_sdtt_checkpoints
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    write_sdtt_checkpoints(ckpt)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["--n-samples", "8", "--batch-size", "4", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
+              "--experiment", "sdtt", "--warmup", "0", "--no-progress", "--checkpoints", str(ckpt),
+              "--metric", "gen_ppl@hf:gpt2", "--metric", "mauve@hf:gpt2", "--metric", "entropy"]
+    runs = {"mdlm": ["--teacher", "mdlm-owt", "--method", "mdlm", "--param", "steps=8"],
+            "sdtt": ["--teacher", "mdlm-owt", "--method", "sdtt", "--param", "steps=8", "--param", "rounds=1",
+                     "--param", "iters_per_round=2", "--param", "batch=4"],
+            "ar": ["--teacher", "hf:gpt2", "--method", "ar", "--param", "top_p=0.95"]}
+    for args in runs.values():
+        assert cli.main(["run", *args, *common]) == 0, args
+    sjd = ["run", "--teacher", "hf:gpt2", "--method", "sjd", "--param", "window=4", *common[4:], "--n-samples", "2",
+           "--batch-size", "1"]
+    assert cli.main(sjd) == 0
+    client = MlflowClient(store)
+    found = client.search_runs([client.get_experiment_by_name("sdtt").experiment_id])
+    assert sorted(r.data.params["method"] for r in found) == ["ar", "mdlm", "sdtt", "sjd"]
+    for r in found:
+        assert r.info.status == "FINISHED" and {"gen_ppl.gpt2", "mauve.gpt2"} <= set(r.data.metrics), r.data.params
+    (sdtt,) = [r for r in found if r.data.params["method"] == "sdtt"]
+    assert "ar/sec_per_sample_median" in sdtt.data.metrics  # GPT-2's AR arm (the teacher `hf:<ckpt>/gpt2`)
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "sdtt", "--out", str(tmp_path / "r")]) == 0
+    assert "## mdlm-owt" in (tmp_path / "r" / "REPORT.md").read_text()

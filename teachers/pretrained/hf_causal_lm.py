@@ -4,7 +4,8 @@ with the model's own KV cache (`DynamicCache`), rolled back by cropping for Jaco
 The condition of a sample is its prompt, a fixed number of tokens (so that a batch needs no padding); the teacher
 generates `seq_len` new tokens after it. Logits are computed in float32 whatever the model's dtype. The family's
 sampler, SJD and Jacobi decoding run on it unchanged (SJD, arXiv:2410.01699, Sec. 4.1: the window is appended to the
-cache and cut back to the accepted prefix).
+cache and cut back to the accepted prefix). The same model is an evaluator of other teachers' texts: the per-text
+NLL of generative perplexity and the last hidden state MAUVE featurises with.
 """
 from __future__ import annotations
 
@@ -12,8 +13,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from teachers.families import ar_token
+
+
+def context_length(config) -> int:
+    """The positions a model reads (GPT-2's `n_positions`, Llama's `max_position_embeddings`)."""
+    return getattr(config, "n_positions", None) or config.max_position_embeddings
 
 
 @dataclass
@@ -33,9 +40,11 @@ class HFCausalLMTeacher:
     supports_cfg: ClassVar[bool] = False  # no unconditional branch: guidance would need a prompt-free twin
 
     def __init__(self, name: str, network: torch.nn.Module, tokenizer, prompts: torch.Tensor, references: list[str],
-                 new_tokens: int, info: dict):
-        if prompts.dim() != 2 or not prompts.shape[1]:
-            raise ValueError(f"{name}: prompts must be (n, P) token ids with P >= 1, got {tuple(prompts.shape)}")
+                 new_tokens: int, info: dict, bos_id: int | None = None):
+        if prompts.dim() != 2 or not (prompts.shape[1] or bos_id is not None):
+            raise ValueError(f"{name}: prompts must be (n, P) token ids with P >= 1 (or empty with a BOS), got "
+                             f"{tuple(prompts.shape)}")
+        self.bos_id = bos_id  # what an empty prompt starts from (unconditional generation)
         self.name, self.network, self.tokenizer, self.info = name, network.eval().requires_grad_(False), tokenizer, info
         self.prompts = prompts  # (M, P) on the model's device
         self.references = references  # held-out texts of the same kind (MAUVE's reference side)
@@ -51,6 +60,8 @@ class HFCausalLMTeacher:
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[HFState, torch.Tensor]:
         from transformers import DynamicCache
 
+        if not cond.shape[1]:  # unconditional (an empty prompt, also another family's condition): from BOS alone
+            cond = torch.full((len(cond), 1), self.bos_id, dtype=torch.long, device=cond.device)
         state = HFState(DynamicCache(), cond.shape[1])
         logits = self.network(input_ids=cond, past_key_values=state.cache, use_cache=True).logits
         return state, logits[:, -1].float()  # (B, V)
@@ -74,3 +85,40 @@ class HFCausalLMTeacher:
 
     def reference_texts(self) -> list[str]:
         return self.references
+
+    # ---- as an evaluator of generated texts (`gen_ppl@...`, `mauve@...`) --------------------------------------------
+    def _batches(self, texts: list[str], batch: int):
+        """Right-padded encodings of `texts`, `batch` at a time (the tokenizer's EOS pads where it has no pad), cut to
+    the model's context: a decoded text may re-tokenise into more tokens than were generated."""
+        tok = self.tokenizer
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        tok.padding_side = "right"
+        device = self.prompts.device
+        for i in range(0, len(texts), batch):
+            yield tok([t or tok.eos_token for t in texts[i : i + batch]], return_tensors="pt", padding=True,
+                      truncation=True, max_length=context_length(self.network.config)).to(device)
+
+    @torch.inference_mode()
+    def nll_per_sample(self, texts: list[str], batch: int = 16) -> torch.Tensor:
+        """Mean next-token NLL of each text, re-tokenised without BOS (as GPT-2 in SDTT's evaluation: the first
+        token is context only), (n,); NaN for a text of fewer than 2 tokens."""
+        out = []
+        for enc in self._batches(texts, batch):
+            ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
+            logits = self.network(input_ids=ids, attention_mask=mask).logits[:, :-1].float()  # (B, T-1, V)
+            nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+            scored = mask[:, 1:].float()
+            out.append((nll * scored).sum(1) / scored.sum(1))  # 0 / 0 = NaN for a 1-token text
+        return torch.cat(out).cpu()
+
+    @torch.inference_mode()
+    def last_hidden_states(self, texts: list[str], batch: int = 16) -> torch.Tensor:
+        """The last layer's hidden state at each text's last token, (n, d): MAUVE's features (mauve-text's
+        `featurize_tokens_from_model` reads GPT-2's the same way)."""
+        out = []
+        for enc in self._batches(texts, batch):
+            hidden = self.network(**enc, output_hidden_states=True).hidden_states[-1]  # (B, T, d)
+            last = enc["attention_mask"].sum(1) - 1
+            out.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), last].float().cpu())
+        return torch.cat(out)

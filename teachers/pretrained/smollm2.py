@@ -99,6 +99,7 @@ class SmolLM2Instruct(HFCausalLMTeacher):
     """SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised): 64-token continuations of 8-token WordNet-gloss prompts (354)."""
 
     companion_lm = "wordnet-gpt"  # `gen_ppl@tiny`: the corpus' own causal LM
+    evaluator_name = NAME  # in metric keys: gen_ppl.smollm2-135m-instruct-q4
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -132,15 +133,3 @@ class SmolLM2Instruct(HFCausalLMTeacher):
         """The corpus' held-out documents (`wordnet-mdlm`'s test split): the prompts' and LAMBADA's passages."""
         split = TextDataRecipe()
         return split_documents(load_documents(CORPUS), split.valid, split.test)["test"]
-
-    @torch.inference_mode()
-    def last_hidden_states(self, texts: list[str], batch: int = 16) -> torch.Tensor:
-        """The last layer's hidden state at each text's last token, (n, d): the `mauve@smollm2` features."""
-        tok, device, out = self.tokenizer, self.prompts.device, []
-        for i in range(0, len(texts), batch):
-            enc = tok([t or tok.eos_token for t in texts[i : i + batch]], return_tensors="pt", padding=True).to(device)
-            hidden = self.network(**enc, output_hidden_states=True).hidden_states[-1]  # (B, T, d)
-            last = enc["attention_mask"].sum(1) - 1 if tok.padding_side == "right" else torch.full(
-                (hidden.shape[0],), hidden.shape[1] - 1, device=device)
-            out.append(hidden[torch.arange(hidden.shape[0], device=device), last].float().cpu())
-        return torch.cat(out)

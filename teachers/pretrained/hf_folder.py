@@ -1,0 +1,100 @@
+"""Any Hugging Face causal LM in a local folder (GPT-2, SmolLM2, Llama-style) as the AR-token teacher `hf:<folder>`:
+SDTT's autoregressive baseline (GPT-2 with its KV cache, arXiv:2410.21035 §4.1), a teacher of `ar`, `jacobi` and
+`sjd`, and the evaluator of `gen_ppl@hf:<folder>` and `mauve@hf:<folder>` (GPT-2 large in the paper).
+
+`<folder>` is a path, or a name inside the checkpoints folder (`--checkpoints`): `hf:gpt2-large` reads
+`<checkpoints>/gpt2-large` (the model's `config.json`, weights and tokenizer files, as `save_pretrained` writes them).
+The model runs in float32. It generates unconditionally, from its BOS token (GPT-2: `<|endoftext|>`), as SDTT's
+baseline does, `min(1024, context - 1)` tokens: SDTT's sequence length, within the model's positions (1023 for GPT-2,
+whose 1024 positions include the BOS). MAUVE scores its texts against WebText's test documents of the same length
+(`teachers.data.webtext`).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from bench.training import library_bars
+from teachers.data import webtext
+from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
+
+PREFIX = "hf:"
+MAX_NEW_TOKENS = 1024  # SDTT's sequence length
+VERSION = 1  # bump when a change alters what the same folder gives
+
+
+def is_folder_name(name: str) -> bool:
+    return name.startswith(PREFIX) and len(name) > len(PREFIX)
+
+
+def folder(name: str) -> Path:
+    """`hf:<folder>` -> the folder: a path, or a name inside the checkpoints folder."""
+    path = Path(name[len(PREFIX) :]).expanduser()
+    return path if path.is_absolute() or path.exists() else checkpoint_dir() / path
+
+
+def unavailable(name: str) -> str | None:
+    path = folder(name)
+    for needed in ("config.json", "tokenizer_config.json"):
+        if not (path / needed).is_file():
+            return (f"missing {path / needed}: {name} is a Hugging Face causal LM folder (save_pretrained's files); "
+                    f"place it in {checkpoint_dir()}, name its parent with --checkpoints or {CHECKPOINTS_ENV}, or "
+                    f"give a path after {PREFIX!r}")
+    return None
+
+
+def check(name: str) -> None:
+    reason = unavailable(name)
+    if reason:
+        raise UserError(reason)
+
+
+@functools.cache
+def teacher_class(name: str) -> type:
+    """The registered teacher `name` = "hf:<folder>" (`TEACHERS.register_prefix`): one class per name."""
+    return type("HFFolderLM", (HFFolderLM,), {"folder_name": name, "__doc__": HFFolderLM.__doc__})
+
+
+class HFFolderLM(HFCausalLMTeacher):
+    """A Hugging Face causal LM from a local folder, unconditional from its BOS (min(1024, context - 1) tokens)."""
+
+    folder_name: ClassVar[str]
+
+    @property
+    def evaluator_name(self) -> str:
+        """The model's name in metric keys: its folder's (gen_ppl.gpt2-large)."""
+        return folder(self.folder_name).name
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        return unavailable(cls.folder_name)
+
+    @classmethod
+    def key(cls) -> str:
+        path = folder(cls.folder_name)
+        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        return config_key("hf-causal-lm", [file_key(p) for p in files], MAX_NEW_TOKENS, VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "HFFolderLM":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        check(name)
+        path = folder(name)
+        with library_bars():
+            network = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        positions = context_length(network.config)
+        prompts = torch.zeros(1, 0, dtype=torch.long, device=device)  # no prompt: every sample starts from BOS
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network, tokenizer, prompts, [], min(MAX_NEW_TOKENS, positions - 1), info, bos_id=bos)
+
+    def reference_texts(self) -> list[str]:
+        """WebText test documents of this teacher's length (MAUVE's reference side, read when MAUVE asks)."""
+        return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}")

@@ -1,0 +1,151 @@
+"""MDLM-OWT (Sahoo et al. 2024, arXiv:2406.07524; the Hugging Face release kuleshov-group/mdlm-owt), the teacher SDTT
+distils (arXiv:2410.21035 §4): the registered masked-diffusion teacher `mdlm-owt` (`mdlm`, `sdtt`).
+
+Files, in the checkpoints folder (`--checkpoints`, real_checkpoints.md §7a):
+- `mdlm-owt/`: the release's `config.json` (`hidden_dim`, `cond_dim`, `model_length`, `n_blocks`, `n_heads`,
+  `dropout`, `vocab_size`, `time_conditioning`) and `model.safetensors`, whose keys carry the prefix `backbone.`
+  (dropped here; a file without it loads too). The custom `modeling_mdlm.py` is not run: the weights load strictly
+  into `teachers.networks.mdlm_dit.MDLMDiT`, the official `DIT` in its own names (proved by a golden fixture);
+- `gpt2/`: GPT-2's tokenizer (MDLM-OWT's: 50257 tokens, mask id 50257 = the model's last row) and, for the AR
+  baseline of SDTT (`companion_lm`, the teacher `hf:gpt2`), GPT-2's weights.
+Sequences are the model's 1024 tokens, unconditional, sampled by the family's ancestral sampler (SUBS, log-linear
+schedule; `ddpm_cache` as `--param cache=true`).
+
+`sdtt` distils on text: WebText's train documents (`teachers.data.webtext`, `webtext.train.jsonl`), each wrapped as
+BOS + document + EOS, concatenated and cut into 1024-token chunks as MDLM's OpenWebText loader wraps them; the first
+`TRAIN_TOKENS` tokens (a sample of the file: the distillation draws random chunks). MDLM-OWT was trained on
+OpenWebText, which is not at hand here; WebText is the corpus it re-creates (a named departure).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from bench.training import library_bars
+from teachers.data import webtext
+from teachers.families import masked_diffusion as md
+from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
+
+FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
+PREFIX = "backbone."  # of every key in the release's safetensors
+TRAIN_TOKENS = 1 << 24  # ~16.8 M tokens (16,384 chunks of 1024) of WebText's train file for `sdtt`
+VERSION = 1  # bump when a change alters what the same files give
+
+
+class MDLMOWT:
+    """MDLM-OWT (169.6 M parameters): unconditional 1024-token texts, GPT-2 tokenizer, SUBS ancestral sampling."""
+
+    family: ClassVar = md.FAMILY
+    modality: ClassVar[str] = "text"
+
+    def __init__(self, name: str, network: MDLMDiT, tokenizer, info: dict):
+        self.name, self.info, self.tokenizer = name, info, tokenizer
+        self.network = network.eval().requires_grad_(False)
+        self.seq_len = network.cfg.length
+        self.vocab_size = self.mask_id = network.cfg.vocab_size - 1
+        self.companion_lm = f"hf:{self.root() / TOKENIZER}"  # SDTT's AR baseline: GPT-2 with its KV cache
+
+    # ---- files ------------------------------------------------------------------------------------------------
+    @classmethod
+    def root(cls) -> Path:
+        return checkpoint_dir()
+
+    @classmethod
+    def files(cls) -> tuple[Path, Path, Path]:
+        """(config.json, model.safetensors, the GPT-2 folder)."""
+        return cls.root() / FOLDER / "config.json", cls.root() / FOLDER / "model.safetensors", cls.root() / TOKENIZER
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        config, weights, gpt2 = cls.files()
+        for path in (config, weights, gpt2 / "tokenizer_config.json"):
+            if not path.is_file():
+                return (f"missing {path}: place the Hugging Face folders {FOLDER} (kuleshov-group/mdlm-owt) and "
+                        f"{TOKENIZER} (openai-community/gpt2) in {cls.root()}, or name their parent with "
+                        f"--checkpoints or {CHECKPOINTS_ENV}")
+        return None
+
+    @classmethod
+    def key(cls) -> str:
+        config, weights, gpt2 = cls.files()
+        return config_key("mdlm-owt", file_key(config), file_key(weights), file_key(gpt2 / "tokenizer.json"),
+                          file_key(gpt2 / "vocab.json"), VERSION)
+
+    @classmethod
+    def config(cls) -> MDLMDiTConfig:
+        """The network of the release's config.json (its own field names)."""
+        path = cls.files()[0]
+        c = json.loads(path.read_text())
+        if c.get("time_conditioning", False):
+            raise UserError(f"{path}: time_conditioning is true; mdlm-owt's denoiser ignores the time (MDLM-OWT's "
+                            f"release has it false)")
+        return MDLMDiTConfig(vocab_size=c["vocab_size"], hidden_size=c["hidden_dim"], cond_dim=c["cond_dim"],
+                             length=c["model_length"], n_blocks=c["n_blocks"], n_heads=c["n_heads"],
+                             dropout=c.get("dropout", 0.1))
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        return "webtext-test", {"file": str(webtext.path("test", cls.root())), "tokenizer": TOKENIZER}
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "MDLMOWT":
+        from safetensors.torch import load_file
+        from transformers import AutoTokenizer
+
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        config, weights, gpt2 = cls.files()
+        state = {k.removeprefix(PREFIX): v for k, v in load_file(weights).items()}
+        try:
+            network = MDLMDiT.from_state_dict(cls.config(), state)
+        except RuntimeError as exc:
+            detail = str(exc).splitlines()[1].strip()[:300]
+            raise UserError(f"{name}: {weights} does not fit {config}: {detail}") from None
+        with library_bars():
+            tokenizer = AutoTokenizer.from_pretrained(gpt2)
+        if len(tokenizer) != network.cfg.vocab_size - 1:
+            raise UserError(f"{name}: the tokenizer in {gpt2} has {len(tokenizer)} tokens; the model reads "
+                            f"{network.cfg.vocab_size - 1} and MASK")
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network.to(device), tokenizer, info)
+
+    # ---- the MaskedDiffusionLM protocol ---------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.zeros(n, 0, dtype=torch.long, device=generator.device)
+
+    @torch.inference_mode()
+    def denoise(self, z: torch.Tensor) -> torch.Tensor:
+        return md.subs(self.network(z), z, self.mask_id)
+
+    def training_chunks(self, cache: Cache) -> torch.Tensor:
+        """(n, 1024) WebText train tokens on the model's device, cached under the file's identity."""
+        def build() -> torch.Tensor:
+            tok, ids = self.tokenizer, []
+            bos = eos = tok.eos_token_id  # GPT-2's one special token
+            for text in webtext.documents("train", f"sdtt on teacher {self.name}", self.root()):
+                ids += [bos, *tok(text, add_special_tokens=False)["input_ids"], eos]
+                if len(ids) >= TRAIN_TOKENS:
+                    break
+            n = min(len(ids), TRAIN_TOKENS) // self.seq_len
+            if not n:
+                raise UserError(f"{webtext.path('train', self.root())}: fewer than {self.seq_len} tokens")
+            return torch.tensor(ids[: n * self.seq_len]).view(n, self.seq_len)
+
+        key = config_key("webtext-chunks", file_key(webtext.path("train", self.root())), self.key(), TRAIN_TOKENS)
+        chunks, _ = cache.get_or_build("text-chunks", key, build)
+        return chunks.to(self.network.output_layer.linear.weight.device)
+
+    def decode(self, tokens: torch.Tensor) -> list[str]:
+        return self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def reference_texts(self) -> list[str]:
+        return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}", self.root())
