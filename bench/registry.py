@@ -63,6 +63,10 @@ class Registry:
             entry = self._entries[name] = _resolve(entry)
         return entry
 
+    def prefixes(self) -> list[str]:
+        _load_declarations()
+        return sorted(self._prefixes)
+
     def names(self) -> list[str]:
         _load_declarations()
         return sorted(self._entries)

@@ -207,8 +207,8 @@ class SDTT(Method):
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         if self.student is None:
             raise RuntimeError("sdtt: call fit() before sample()")
-        return md.sample_ancestral(self.denoise, len(cond), self.teacher.seq_len, self.teacher.mask_id,
-                                   self.config.student_sampling, generator=generator, device=cond.device)
+        return md.sample_ancestral(self.denoise, cond, self.teacher.seq_len, self.teacher.mask_id,
+                                   self.config.student_sampling, generator=generator)
 
     def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
@@ -216,7 +216,11 @@ class SDTT(Method):
         cfg = self.config
         arms = {"same_steps": OwnSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
-            lm = load_teacher(self.teacher.companion_lm, cache=cache, device=device)
+            lm = copy.copy(load_teacher(self.teacher.companion_lm, cache=cache, device=device))
+            # as many new tokens as the MDLM arms generate after their prompts, within the LM's positions (1023 for
+            # GPT-2 after its BOS against MDLM-OWT's 1024; 50 after a 50-token prompt in `mdlm-owt-prompted`)
+            n = min(lm.seq_len, self.teacher.seq_len - getattr(self.teacher, "prompt_tokens", 0))
+            lm.seq_len, lm.grid = n, (n,)
             arms["ar"] = OwnSampler(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
         return arms
 

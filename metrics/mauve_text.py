@@ -7,7 +7,9 @@ The paper featurises with GPT-2 large from the hub; offline the features come fr
 `mauve@smollm2` (key "mauve.smollm2-135m-instruct-q4"), SmolLM2-135M-Instruct's last hidden state at the last token
 (the closest to the original GPT-2 featuriser), or `mauve@hf:<folder>` (key "mauve.<folder's name>"): the last hidden
 state of any local Hugging Face causal LM, the paper's own featuriser with `hf:gpt2-large` (`teachers.pretrained.hf_folder`).
-The reference side is the teacher's test split (`reference_texts`), its features cached on disk.
+The reference side is the teacher's test split (`reference_texts`), its features cached on disk. On a teacher of a
+prompted protocol (`mdlm-owt-prompted`: SDTT's, 5 continuations of each 50-token WebText prompt, featurised with the
+prompt) the references are the prompts' real documents and the key ends with the protocol's name.
 """
 from __future__ import annotations
 
@@ -109,7 +111,8 @@ class MAUVE(Metric):
         values = [mauve.compute_mauve(p_features=p, q_features=self.reference, device_id=-1, verbose=False,
                                       mauve_scaling_factor=5, seed=REPEATS * seed + i).mauve
                   for i in range(REPEATS)]
-        key = f"{self.name}.{self.extractor}"
+        protocol = getattr(self.teacher, "protocol", None)  # e.g. SDTT's prompted one: "mauve.gpt2-large.webtext-prompted"
+        key = f"{self.name}.{self.extractor}" + (f".{protocol}" if protocol else "")
         return {key: statistics.fmean(values), f"{key}.std": statistics.stdev(values)}
 
     def reset(self) -> None:

@@ -35,6 +35,7 @@ TEACHERS.register("llamagen-xxl-384", "teachers.pretrained.llamagen:LlamaGenXXL3
 TEACHERS.register("llamagen-3b-384", "teachers.pretrained.llamagen:LlamaGen3B384")
 TEACHERS.register("emu3-gen", "teachers.pretrained.emu3:Emu3Gen")
 TEACHERS.register("mdlm-owt", "teachers.pretrained.mdlm_owt:MDLMOWT")
+TEACHERS.register("mdlm-owt-prompted", "teachers.pretrained.mdlm_owt:MDLMOWTPrompted")
 TEACHERS.register_prefix("hf:", "teachers.pretrained.hf_folder:teacher_class")  # hf:<folder>, any causal LM
 
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once

@@ -13,7 +13,7 @@ from teachers.families import ar_token, continuous_ar
 from teachers.pretrained.dit import OfficialDiT
 from teachers.pretrained.emu3 import Emu3Gen
 from teachers.pretrained.llamagen import LlamaGenC2I
-from teachers.pretrained.mdlm_owt import MDLMOWT
+from teachers.pretrained.mdlm_owt import MDLMOWT, MDLMOWTPrompted
 
 
 @dataclass
@@ -381,7 +381,7 @@ def tiny_emu3_teacher(device="cpu"):
 
 def write_sdtt_checkpoints(folder: Path) -> None:
     """The SDTT paper's files in their official formats and names, tiny and random: `gpt2/` (a byte-level BPE
-    tokenizer of 300 tokens with GPT-2's one special token, saved as GPT-2's fast tokenizer, and a 2-layer GPT-2 of 33
+    tokenizer of 300 tokens with GPT-2's one special token, saved as GPT-2's fast tokenizer, and a 2-layer GPT-2 of 128
     positions), `mdlm-owt/` (the release's config.json and model.safetensors with `backbone.` keys: a 2-block
     MDLM DiT over 32 tokens), and `webtext.{train,test}.jsonl` (WordNet glosses, 20 to a document)."""
     import json
@@ -405,7 +405,7 @@ def write_sdtt_checkpoints(folder: Path) -> None:
     V = len(tok)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=33, n_embd=32, n_layer=2, n_head=2,
+        gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=128, n_embd=32, n_layer=2, n_head=2,
                                           bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id))
         cfg = MDLMDiTConfig(vocab_size=V + 1, hidden_size=32, cond_dim=16, length=32, n_blocks=2, n_heads=4)
         mdlm = MDLMDiT(cfg)
@@ -429,6 +429,12 @@ class TinyMDLMOWT(MDLMOWT):
     @classmethod
     def root(cls):
         return _files("tiny-sdtt", write_sdtt_checkpoints)
+
+
+class TinyMDLMOWTPrompted(MDLMOWTPrompted):
+    """`mdlm-owt-prompted` on the tiny files of `write_sdtt_checkpoints`."""
+
+    root = TinyMDLMOWT.root
 
 
 def tiny_gpt2_folder_teacher(device="cpu"):

@@ -93,7 +93,7 @@ def test_one_step_samples_the_product_of_marginals_exactly():
         return md.subs(logits, z, vocab)
 
     N = 20_000
-    out = md.sample_ancestral(denoise, N, n, vocab, md.SamplingConfig(steps=1), generator=torch.Generator().manual_seed(0))
+    out = md.sample_ancestral(denoise, torch.zeros(N, 0, dtype=torch.long), n, vocab, md.SamplingConfig(steps=1), generator=torch.Generator().manual_seed(0))
     counts = {seq: 0 for seq in itertools.product(range(vocab), repeat=n)}
     for row in out.data.tolist():
         counts[tuple(row)] += 1

@@ -108,3 +108,53 @@ def test_the_sdtt_papers_setting_runs_from_the_cli_on_tiny_files_in_the_official
     assert "ar/sec_per_sample_median" in sdtt.data.metrics  # GPT-2's AR arm (the teacher `hf:<ckpt>/gpt2`)
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "sdtt", "--out", str(tmp_path / "r")]) == 0
     assert "## mdlm-owt" in (tmp_path / "r" / "REPORT.md").read_text()
+
+
+def test_sdtts_prompted_protocol_in_paints_the_prompts_and_scores_per_prompt(tmp_path):
+    """`mdlm-owt-prompted`: 5 continuations of each 50-token prompt, the prompt kept through every step; self-BLEU
+    per prompt equals nltk's among each prompt's continuations; MAUVE's references are the prompts' documents."""
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
+    from bench.cache import Cache
+    from metrics.self_bleu import SelfBLEU
+    from teachers.families import masked_diffusion as md
+    from tests.fakes import TinyMDLMOWTPrompted
+
+    teacher = TinyMDLMOWTPrompted.load("p", cache=Cache(tmp_path), device=torch.device("cpu"))
+    cond = teacher.conditions(10, torch.Generator().manual_seed(0))  # (10, 50): 2 prompts, 5 times each
+    assert cond.shape == (10, 50) and len({tuple(r) for r in cond.tolist()}) == 2
+    assert torch.equal(cond[:5], cond[:1].expand(5, -1)) and len(teacher.reference_texts()) == len(teacher.prefixes)
+    out = md.sample_teacher(teacher, cond, md.SamplingConfig(steps=4), generator=torch.Generator().manual_seed(1))
+    assert out.data.shape == (10, 100) and torch.equal(out.data[:, :50], cond) and out.counters["tokens"] == 500
+    texts = teacher.decode(out.data)
+    metric = SelfBLEU(teacher, cache=None, device=torch.device("cpu"))
+    metric.update(texts, cond)
+    ((key, value),) = metric.compute().items()
+    smooth, expected = SmoothingFunction().method1, []
+    for g in (range(5), range(5, 10)):
+        words = [texts[i].removeprefix(teacher.decode(cond[i : i + 1])[0]).split() for i in g]
+        expected.append(sum(sentence_bleu(words[:i] + words[i + 1 :], w, smoothing_function=smooth)
+                            for i, w in enumerate(words)) / 5)
+    assert key == "self_bleu.bleu4-per-prompt-n2.webtext-prompted" and value == pytest.approx(sum(expected) / 2)
+
+
+def test_the_prompted_protocol_runs_from_the_cli(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from tests.fakes import write_sdtt_checkpoints
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    write_sdtt_checkpoints(ckpt)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["run", "--teacher", "mdlm-owt-prompted", "--method", "sdtt", "--param", "steps=8", "--param", "rounds=1",
+            "--param", "iters_per_round=2", "--param", "batch=4", "--n-samples", "10", "--batch-size", "5",
+            "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--no-progress",
+            "--checkpoints", str(ckpt), "--metric", "mauve@hf:gpt2", "--metric", "self_bleu"]
+    assert cli.main(args) == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m = run.data.metrics
+    assert {"mauve.gpt2.webtext-prompted", "self_bleu.bleu4-per-prompt-n2.webtext-prompted",
+            "ar/mauve.gpt2.webtext-prompted", "ar/sec_per_sample_median"} <= set(m)

@@ -39,6 +39,8 @@ def cmd_list(args) -> int:
         missing = getattr(cls, "unavailable", lambda: None)()
         note = f" (unavailable: {missing})" if missing else ""
         print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}{note}")
+    for prefix in TEACHERS.prefixes():  # a family of names: its factory's documentation
+        print(f"  {prefix + '<folder>':<22} {doc(TEACHERS.get(prefix + '_'))}")
     print("methods:")
     for name, cls in METHODS.items():
         print(f"  {name:<22} families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")

@@ -115,11 +115,17 @@ def time_grid(steps: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], batch: int, seq_len: int, mask_id: int,
-                     s: SamplingConfig, *, generator: torch.Generator, device=None) -> Samples:
+def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], cond: torch.Tensor, seq_len: int, mask_id: int,
+                     s: SamplingConfig, *, generator: torch.Generator) -> Samples:
     """T ancestral steps from all-MASK, then MDLM's "noise removal": if a token is still masked, one more forward pass
-    fills every masked token with its argmax. NFE counts real forward passes (fewer than T with `cache`)."""
+    fills every masked token with its argmax. NFE counts real forward passes (fewer than T with `cache`).
+
+    `cond` (B, P) is a prompt, P = 0 for unconditional samples: its tokens fill the first P positions from the start,
+    unmasked, so SUBS carries them through every step (the in-painting of SDTT's `project_fn`, which writes the
+    prompt back after each step, gives the same samples)."""
+    batch, device = len(cond), cond.device
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
+    z[:, : cond.shape[1]] = cond
     ts = time_grid(s.steps).tolist()
     nfe, logp = 0, None
     for t, t_next in zip(ts[:-1], ts[1:]):
@@ -134,15 +140,13 @@ def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], batch: int
         if logp is None or not s.cache:
             logp, nfe = denoise(z), nfe + 1
         z = torch.where(masked, logp.argmax(-1), z)
-    cond = torch.zeros(batch, 0, dtype=torch.long, device=device)
-    return Samples(z, cond, Counter(nfe=batch * nfe, tokens=batch * seq_len))
+    return Samples(z, cond, Counter(nfe=batch * nfe, tokens=batch * (seq_len - cond.shape[1])))
 
 
 def sample_teacher(teacher: MaskedDiffusionLM, cond: torch.Tensor, s: SamplingConfig, *,
                    generator: torch.Generator) -> Samples:
     """The teacher's own sampler: `sample_ancestral` with the teacher's denoiser."""
-    return sample_ancestral(teacher.denoise, len(cond), teacher.seq_len, teacher.mask_id, s, generator=generator,
-                            device=cond.device)
+    return sample_ancestral(teacher.denoise, cond, teacher.seq_len, teacher.mask_id, s, generator=generator)
 
 
 FAMILY = Family("masked-diffusion-lm", SamplingConfig, sample_teacher, sampler="mdlm")

@@ -9,7 +9,8 @@ Files, in the checkpoints folder (`--checkpoints`, real_checkpoints.md §7a):
 - `gpt2/`: GPT-2's tokenizer (MDLM-OWT's: 50257 tokens, mask id 50257 = the model's last row) and, for the AR
   baseline of SDTT (`companion_lm`, the teacher `hf:gpt2`), GPT-2's weights.
 Sequences are the model's 1024 tokens, unconditional, sampled by the family's ancestral sampler (SUBS, log-linear
-schedule; `ddpm_cache` as `--param cache=true`).
+schedule; `ddpm_cache` as `--param cache=true`). `mdlm-owt-prompted` is the same model under SDTT's conditional
+protocol (`MDLMOWTPrompted`: WebText prompts, in-painted; prompt-conditioned MAUVE and per-prompt self-BLEU).
 
 `sdtt` distils on text: WebText's train documents (`teachers.data.webtext`, `webtext.train.jsonl`), each wrapped as
 BOS + document + EOS, concatenated and cut into 1024-token chunks as MDLM's OpenWebText loader wraps them; the first
@@ -18,6 +19,7 @@ OpenWebText, which is not at hand here; WebText is the corpus it re-creates (a n
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import ClassVar
@@ -149,3 +151,57 @@ class MDLMOWT:
 
     def reference_texts(self) -> list[str]:
         return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}", self.root())
+
+
+class MDLMOWTPrompted(MDLMOWT):
+    """MDLM-OWT under SDTT's conditional protocol: 50-token WebText prompts, 50 new tokens, 5 continuations each."""
+
+    # SDTT §4 and its code (sdtt note §3.2): the first 1024 WebText test documents of at least 1024 tokens, cut to
+    # 100 tokens; the first 50 are the prompt, in-painted; 5 continuations per prompt; MAUVE on the 100 tokens, prompt
+    # included, against the real 100-token prefixes; self-BLEU among each prompt's continuations.
+    protocol: ClassVar[str] = "webtext-prompted"
+    prompt_tokens: ClassVar[int] = 50
+    length: ClassVar[int] = 100
+    continuations: ClassVar[int] = 5
+    n_prompts: ClassVar[int] = 1024
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.model_length, self.seq_len = self.seq_len, self.length
+
+    @classmethod
+    def key(cls) -> str:
+        return config_key(super().key(), cls.protocol, cls.prompt_tokens, cls.length, cls.continuations,
+                          cls.n_prompts, file_key(webtext.path("test", cls.root())))
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        name, source = super().evaluation_data()
+        return f"{name}-prompts", {**source, "prompt_tokens": cls.prompt_tokens, "length": cls.length,
+                                   "continuations": cls.continuations}
+
+    @functools.cached_property
+    def prefixes(self) -> torch.Tensor:
+        """(M, 100) the first `length` tokens of the first `n_prompts` test documents as long as the model's context."""
+        rows, need = [], max(self.length, self.model_length)
+        for text in webtext.documents("test", f"teacher {self.name}", self.root()):
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) >= need:
+                rows.append(ids[: self.length])
+                if len(rows) == self.n_prompts:
+                    break
+        if not rows:
+            raise UserError(f"{webtext.path('test', self.root())}: no document of {need} tokens or more")
+        return torch.tensor(rows)
+
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n, 50) prompts, each `continuations` times in a row, prompts in a random order (each once while they
+        last)."""
+        m, k = len(self.prefixes), -(-n // self.continuations)
+        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device) for _ in range(-(-k // m))])
+        rows = order[:k].repeat_interleave(self.continuations)[:n]
+        return self.prefixes.to(generator.device)[rows, : self.prompt_tokens]
+
+    def reference_texts(self) -> list[str]:
+        """The real 100-token prefixes of the prompts' documents (MAUVE's reference side, prompt included)."""
+        return self.tokenizer.batch_decode(self.prefixes)
