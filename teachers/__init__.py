@@ -34,6 +34,10 @@ TEACHERS.register("llamagen-xl-384", "teachers.pretrained.llamagen:LlamaGenXL384
 TEACHERS.register("llamagen-xxl-384", "teachers.pretrained.llamagen:LlamaGenXXL384")
 TEACHERS.register("llamagen-3b-384", "teachers.pretrained.llamagen:LlamaGen3B384")
 TEACHERS.register("emu3-gen", "teachers.pretrained.emu3:Emu3Gen")
+TEACHERS.register("var-d16", "teachers.pretrained.var:VARC2I")
+TEACHERS.register("var-d20", "teachers.pretrained.var:VARd20")
+TEACHERS.register("var-d24", "teachers.pretrained.var:VARd24")
+TEACHERS.register("var-d30", "teachers.pretrained.var:VARd30")
 TEACHERS.register("mdlm-owt", "teachers.pretrained.mdlm_owt:MDLMOWT")
 TEACHERS.register("mdlm-owt-prompted", "teachers.pretrained.mdlm_owt:MDLMOWTPrompted")
 TEACHERS.register_prefix("hf:", "teachers.pretrained.hf_folder:teacher_class")  # hf:<folder>, any causal LM

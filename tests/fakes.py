@@ -14,6 +14,7 @@ from teachers.pretrained.dit import OfficialDiT
 from teachers.pretrained.emu3 import Emu3Gen
 from teachers.pretrained.llamagen import LlamaGenC2I
 from teachers.pretrained.mdlm_owt import MDLMOWT, MDLMOWTPrompted
+from teachers.pretrained.var import VARC2I
 
 
 @dataclass
@@ -448,6 +449,44 @@ def tiny_gpt2_folder_teacher(device="cpu"):
 def tiny_mdlm_owt_teacher(device="cpu"):
     """`TinyMDLMOWT`, loaded through `MDLMOWT.load` (safetensors with `backbone.` keys, GPT-2's tokenizer)."""
     return TinyMDLMOWT.load("tiny-mdlm-owt", cache=None, device=torch.device(device))
+
+
+
+def _write_var(folder: Path) -> None:
+    """The parity fixture's VAR (depth 2, width 64, scales 1-4, 64 codes, 10 classes) and VQ-VAE (decoder with one
+    upsampling: 8 x 8 images) as raw state dicts, as VAR's files are; the VQ-VAE's with an encoder tensor, as the real
+    file has (the loader drops it)."""
+    f = torch.load(FIXTURES / "var" / "var_tiny_parity.pt", weights_only=True)
+    torch.save(f["var_state_dict"], folder / "var_tiny.pth")
+    torch.save({**f["vae_state_dict"], "encoder.conv_in.weight": torch.zeros(1)}, folder / "vae_tiny.pth")
+
+
+class TinyVAR(VARC2I):
+    """The VAR loader on tiny random-weight files, written to disk and read back as the real files would be
+    (`tiny-var` in tests/plugins.py)."""
+
+    @classmethod
+    def config(cls):
+        from teachers.networks.var import VARConfig
+
+        return VARConfig(depth=2, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4), embed_dim=64,
+                         num_heads=2)
+
+    @classmethod
+    def vq_config(cls):
+        from teachers.networks.msvq import MSVQConfig
+
+        return MSVQConfig(vocab_size=64, Cvae=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, patch_nums=(1, 2, 3, 4))
+
+    @classmethod
+    def files(cls):
+        folder = _files("tiny-var", _write_var)
+        return folder / "var_tiny.pth", folder / "vae_tiny.pth"
+
+
+def tiny_var_teacher(device="cpu"):
+    """`TinyVAR`, loaded through `VARC2I.load`."""
+    return TinyVAR.load("tiny-var", cache=None, device=torch.device(device))
 
 
 class CharTokenizer:

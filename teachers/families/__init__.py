@@ -9,7 +9,7 @@ A family module holds the contract between methods and teachers of one kind of g
 
 Families: `ar_token` (discrete-token AR: image tokens and text, with a KV cache), `continuous_ar` (MAR-style
 continuous tokens with a diffusion head, target + draft), `ode_diffusion` (DiT with a PF-ODE sampler),
-`masked_diffusion` (MDLM).
+`masked_diffusion` (MDLM), `multiscale_vq` (VAR: next-scale prediction).
 """
 from __future__ import annotations
 

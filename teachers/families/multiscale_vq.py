@@ -1,0 +1,100 @@
+"""The multi-scale VQ family (VAR, Tian et al. 2024, arXiv:2404.02905): next-scale prediction over a pyramid of token
+maps, the teacher of Distilled Decoding's VAR experiments (arXiv:2412.17153 §5).
+
+A sample is K token maps of growing size (`patch_nums`, 1 x 1 to 16 x 16 at 256 px: L = 680 tokens), concatenated in
+scale order, (B, L). Scale k's tokens are drawn all at once, independently given the earlier scales: one forward
+pass per scale. A method talks to a teacher only through `MultiScaleTeacher`: `start` (the class condition, with the
+unconditional rows for CFG; logits of the first scale), `next_scale` (this scale's tokens in, the next scale's logits
+out, through the KV cache) and `decode` (all tokens -> images).
+
+The family's own sampler is VAR's `autoregressive_infer_cfg` (real_checkpoints.md §6e): at scale k the logits are
+(1 + t) c - t u with t = cfg k / (K - 1) (no guidance at the first scale; at the last the usual scale is 1 + cfg),
+then VAR's top-k (ties kept) and top-p (tokens whose ascending cumulative probability is <= 1 - p removed, the most
+likely kept), no temperature, and one draw per token; the same tokens feed both CFG branches.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from bench.samples import Samples
+from teachers.families import Family
+from teachers.families.ar_token import draw
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """VAR's sampling settings; the defaults are its README's FID settings (cfg 1.5, top-k 900, top-p 0.96)."""
+
+    cfg: float = 1.5  # the CFG ramp's final t: scale k guides with t = cfg k / (K - 1); 0 = conditional only
+    top_k: int = 900  # 0 = the full vocabulary
+    top_p: float = 0.96  # 0 = off (VAR's convention)
+
+    def __post_init__(self):
+        if self.cfg < 0:
+            raise ValueError(f"cfg must be >= 0 (0 = no guidance), got {self.cfg}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = full vocabulary), got {self.top_k}")
+        if not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1] (0 = off), got {self.top_p}")
+
+
+class MultiScaleTeacher(Protocol):
+    family: ClassVar[Family]
+    modality: ClassVar[str]  # "image"
+    supports_cfg: ClassVar[bool]
+    patch_nums: tuple[int, ...]  # the side of each scale's token map
+    seq_len: int  # L = sum of pn^2
+    vocab_size: int
+
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...  # (n, 1) class ids
+    def start(self, cond: torch.Tensor, *, cfg: bool): ...  # -> (state, logits (R, pn0^2, V)), R = 2B with cfg
+    def next_scale(self, state, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, pn_k^2) -> (R, pn_{k+1}^2, V)
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, L) -> (B, 3, H, W) in [0, 1]
+
+
+def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
+    """(..., V) guided logits -> (..., V) probabilities, with VAR's top-k and top-p (`sample_with_top_k_top_p_`)."""
+    logits = logits.float()
+    if 0 < s.top_k < logits.shape[-1]:
+        kth = logits.topk(s.top_k, dim=-1).values.amin(dim=-1, keepdim=True)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p > 0:
+        ascending, order = logits.sort(dim=-1)
+        drop = ascending.softmax(-1).cumsum(-1) <= 1 - s.top_p
+        drop[..., -1] = False
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits.softmax(-1)
+
+
+def guide(logits: torch.Tensor, batch: int, cfg: float, si: int, n_scales: int) -> torch.Tensor:
+    """VAR's ramp: rows [:batch] conditional, [batch:] unconditional -> (1 + t) c - t u, t = cfg si / (K - 1)."""
+    if cfg == 0:
+        return logits
+    t = cfg * si / (n_scales - 1)
+    return (1 + t) * logits[:batch] - t * logits[batch:]
+
+
+@torch.inference_mode()
+def sample_scales(teacher: MultiScaleTeacher, cond: torch.Tensor, s: SamplingConfig, *,
+                  generator: torch.Generator | None) -> Samples:
+    """The teacher's own next-scale sampler: one forward pass per scale, batched over images."""
+    B, K = len(cond), len(teacher.patch_nums)
+    state, logits = teacher.start(cond, cfg=s.cfg != 0)
+    tokens = []
+    for si in range(K):
+        tokens.append(draw(process(guide(logits, B, s.cfg, si, K), s), generator))  # (B, pn^2)
+        if si < K - 1:
+            logits = teacher.next_scale(state, tokens[-1])
+    return Samples(torch.cat(tokens, 1), cond, Counter(nfe=B * K, tokens=B * teacher.seq_len))
+
+
+def check(teacher_cls: type, s: SamplingConfig) -> None:
+    if s.cfg != 0 and not teacher_cls.supports_cfg:
+        raise ValueError(f"cfg must be 0: this teacher has no unconditional branch to guide with, got {s.cfg}")
+
+
+FAMILY = Family("multiscale-vq", SamplingConfig, sample_scales, sampler="ar", check=check)

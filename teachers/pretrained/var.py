@@ -1,0 +1,151 @@
+"""VAR's class-to-image models (Tian et al. 2024, arXiv:2404.02905; FoundationVision/VAR), DD's VAR teachers
+(arXiv:2412.17153 §5), loaded from local files as registered multi-scale VQ teachers `var-d16` ... `var-d30`
+(`ar`: the 10-scale sampler).
+
+Files, in the checkpoints folder (`--checkpoints`, $ACCELBENCH_CHECKPOINTS; real_checkpoints.md §6a), by the names of
+VAR's README: the transformer `var_d16.pth` ... `var_d30.pth` and the VQ-VAE `vae_ch160v4096z32.pth`, raw state
+dicts. Both load strictly (the transformer's buffers `lvl_1L`, `attn_bias_for_masking`, `zero_k_bias` included); of
+the VQ-VAE only the encoder and `quant_conv`, which decoding never reads, are dropped, by name. 256 px: 10 scales
+(1 ... 16), 680 tokens, 4096 codes; 1000 ImageNet classes, the null class 1000.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from teachers.data.images import imagenet_class_names
+from teachers.families import multiscale_vq
+from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
+from teachers.networks.var import VAR, VARConfig
+from teachers.pretrained.files import read_state_dict
+
+VAE_FILE = "vae_ch160v4096z32.pth"
+VERSION = 1  # bump when a change alters what the same files give
+
+
+@dataclass
+class VARState:
+    caches: list[dict]  # per block: the keys and values of the scales so far
+    cond: torch.Tensor  # (R, C) class embeddings: the batch's, then (with CFG) as many null-class rows
+    f_hat: torch.Tensor  # (B, Cvae, P, P) the accumulated feature map
+    si: int  # the scale whose logits were returned last
+
+
+class VARC2I:
+    """VAR-d16 (310 M) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+
+    family: ClassVar = multiscale_vq.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True  # trained with class dropout 0.1
+    depth: ClassVar[int] = 16
+    reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
+
+    def __init__(self, name: str, network: VAR, vq: MultiScaleVQ, info: dict):
+        self.name, self.info = name, info
+        self.network, self.vq = network.eval().requires_grad_(False), vq.eval().requires_grad_(False)
+        c = network.cfg
+        self.patch_nums, self.seq_len, self.vocab_size = c.patch_nums, c.L, c.vocab_size
+        self.n_classes = c.num_classes
+
+    @classmethod
+    def config(cls) -> VARConfig:
+        return VARConfig(depth=cls.depth)
+
+    @classmethod
+    def vq_config(cls) -> MSVQConfig:
+        return MSVQConfig()
+
+    @classmethod
+    def files(cls) -> tuple[Path, Path]:
+        root = checkpoint_dir()
+        return root / f"var_d{cls.depth}.pth", root / VAE_FILE
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        var, vae = cls.files()
+        missing = [str(p) for p in (var, vae) if not p.is_file()]
+        if missing:
+            return (f"missing {' and '.join(missing)}: place {var.name} and {vae.name} (FoundationVision/VAR, "
+                    f"README) in {var.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
+        return None
+
+    @classmethod
+    def key(cls) -> str:
+        return config_key("var-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()),
+                          [file_key(p) for p in cls.files()], VERSION)
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "VARC2I":
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        var_file, vae_file = cls.files()
+        with torch.device("meta"):  # no random init of weights the files replace
+            vq = MultiScaleVQ(cls.vq_config())
+        try:
+            network = VAR.from_state_dict(cls.config(), read_state_dict(var_file, ()))
+            load_decoder_state(vq, read_state_dict(vae_file, ()))
+        except RuntimeError as exc:
+            detail = str(exc).splitlines()[1].strip()[:300]
+            raise UserError(f"{name}: {var_file.name} or {vae_file.name} does not fit VAR-d{cls.depth}: "
+                            f"{detail}") from None
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network.to(device), vq.to(device), info)
+
+    # ---- the MultiScaleTeacher protocol ---------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n uniformly drawn class ids, (n, 1), on the generator's device."""
+        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device)
+
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: bool) -> tuple[VARState, torch.Tensor]:
+        labels = cond[:, 0]
+        if cfg:
+            labels = torch.cat([labels, torch.full_like(labels, self.n_classes)])
+        emb = self.network.class_emb(labels)  # (R, C)
+        P, B = self.patch_nums[-1], len(cond)
+        f_hat = torch.zeros(B, self.network.cfg.Cvae, P, P, device=cond.device)
+        state = VARState([{} for _ in self.network.blocks], emb, f_hat, 0)
+        return state, self.network.step(self.network.first_input(emb), emb, state.caches)
+
+    @torch.inference_mode()
+    def next_scale(self, state: VARState, tokens: torch.Tensor) -> torch.Tensor:
+        state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
+        state.si += 1
+        x = self.network.scale_input(state.si, self.vq.downsample(state.si, state.f_hat))  # (B, pn^2, C)
+        if len(state.cond) != len(tokens):  # the same tokens feed the unconditional rows
+            x = torch.cat([x, x])
+        return self.network.step(x, state.cond, state.caches)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, 3, 16 P, 16 P) in [0, 1]
+        codes = list(tokens.split([pn * pn for pn in self.patch_nums], dim=1))
+        return (self.vq.decode_codes(codes) + 1) / 2
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        names = imagenet_class_names()
+        return [names[c] for c in cond[:, 0].tolist()]
+
+
+class VARd20(VARC2I):
+    """VAR-d20 (601 M) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+
+    depth = 20
+
+
+class VARd24(VARC2I):
+    """VAR-d24 (1.03 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+
+    depth = 24
+
+
+class VARd30(VARC2I):
+    """VAR-d30 (2.01 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+
+    depth = 30
