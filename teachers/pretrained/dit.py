@@ -30,7 +30,7 @@ from bench.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig, sincos_2d
-from teachers.pretrained.files import read_state_dict
+from teachers.pretrained.files import mismatch, read_state_dict
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
 # Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).
@@ -81,8 +81,7 @@ def load_into(model: DiT, official: dict[str, torch.Tensor], *, pos_atol: float 
     try:
         model.load_state_dict(ours, strict=True, assign=True)
     except RuntimeError as exc:
-        detail = str(exc).splitlines()[1].strip()
-        raise UserError(f"the DiT state dict does not fit {model.cfg}: {detail[:300]}") from None
+        raise UserError(f"the DiT state dict does not fit {model.cfg}: {mismatch(exc)}") from None
     c = model.cfg
     expected = sincos_2d(c.hidden, c.image_size // c.patch, c.pos_layout)
     if pos.shape != expected.shape or not torch.allclose(pos.float(), expected, atol=pos_atol):

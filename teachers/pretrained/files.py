@@ -17,3 +17,10 @@ def read_state_dict(path: Path, wrappers: tuple[str, ...]) -> dict[str, torch.Te
         if isinstance(blob, dict) and isinstance(blob.get(wrapper), dict):
             return blob[wrapper]
     return blob
+
+
+def mismatch(exc: RuntimeError) -> str:
+    """What `load_state_dict` found wrong (missing or unexpected keys, or a shape), in one line of <= 300 characters:
+    the line after its header."""
+    lines = str(exc).splitlines()
+    return (lines[1] if len(lines) > 1 else lines[0]).strip()[:300]

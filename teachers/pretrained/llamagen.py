@@ -27,7 +27,7 @@ from teachers.data.images import imagenet_class_names
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.vq16 import VQ16Decoder, VQDecoderConfig, load_decoder_state
-from teachers.pretrained.files import read_state_dict
+from teachers.pretrained.files import mismatch, read_state_dict
 
 VQ_FILE = "vq_ds16_c2i.pt"
 GPT_WRAPPERS = ("model", "module", "state_dict")  # the official sampler's fallback order
@@ -97,9 +97,8 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
             network = LlamaGenGPT.from_state_dict(cls.config(), state)
             load_decoder_state(vq, read_state_dict(vq_file, ("model",)))
         except RuntimeError as exc:
-            detail = str(exc).splitlines()[1].strip()[:300]
             raise UserError(f"{name}: {gpt_file.name} or {vq_file.name} does not fit {cls.size} at "
-                            f"{cls.image_size} px: {detail}") from None
+                            f"{cls.image_size} px: {mismatch(exc)}") from None
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
 

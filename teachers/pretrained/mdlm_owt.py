@@ -32,6 +32,7 @@ from bench.training import library_bars
 from teachers.data import webtext
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
+from teachers.pretrained.files import mismatch
 
 FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
 PREFIX = "backbone."  # of every key in the release's safetensors
@@ -107,8 +108,7 @@ class MDLMOWT:
         try:
             network = MDLMDiT.from_state_dict(cls.config(), state)
         except RuntimeError as exc:
-            detail = str(exc).splitlines()[1].strip()[:300]
-            raise UserError(f"{name}: {weights} does not fit {config}: {detail}") from None
+            raise UserError(f"{name}: {weights} does not fit {config}: {mismatch(exc)}") from None
         with library_bars():
             tokenizer = AutoTokenizer.from_pretrained(gpt2)
         if len(tokenizer) != network.cfg.vocab_size - 1:

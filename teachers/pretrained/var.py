@@ -23,7 +23,7 @@ from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
-from teachers.pretrained.files import read_state_dict
+from teachers.pretrained.files import mismatch, read_state_dict
 
 VAE_FILE = "vae_ch160v4096z32.pth"
 VERSION = 1  # bump when a change alters what the same files give
@@ -92,9 +92,8 @@ class VARC2I:
             network = VAR.from_state_dict(cls.config(), read_state_dict(var_file, ()))
             load_decoder_state(vq, read_state_dict(vae_file, ()))
         except RuntimeError as exc:
-            detail = str(exc).splitlines()[1].strip()[:300]
             raise UserError(f"{name}: {var_file.name} or {vae_file.name} does not fit VAR-d{cls.depth}: "
-                            f"{detail}") from None
+                            f"{mismatch(exc)}") from None
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
 
