@@ -93,6 +93,14 @@ def owner_alive(host: str, pid: int, started: float | None) -> bool | None:
         return True
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment's artifacts go: for a SQLite store, `mlruns/` beside the database file (MLflow's default
+    is `./mlruns` under whatever folder the command runs in); for a server, its own default."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri[len("sqlite:///"):]).parent / "mlruns").resolve().as_uri()
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
         from mlflow.tracking import MlflowClient
@@ -108,7 +116,7 @@ class Tracker:
         try:
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
-                return self.client.create_experiment(name, tags=tags)
+                return self.client.create_experiment(name, artifact_location=artifact_location(self.uri), tags=tags)
             for key, value in tags.items():  # a store made by an older version
                 if exp.tags.get(key) is None:
                     self.client.set_experiment_tag(exp.experiment_id, key, value)

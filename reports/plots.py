@@ -5,6 +5,7 @@ software version or date, so the same store gives the same files.
 """
 from __future__ import annotations
 
+import re
 import statistics
 from pathlib import Path
 from typing import NamedTuple
@@ -20,7 +21,9 @@ WINDOW_KNOBS = ("window", "gamma")
 MARKERS = "os^Dv"
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, out: Path, name: str) -> Path:
+    """Save as `out/name` with a file-safe name: a teacher may be named by a path (`hf:/data/gpt2-large`)."""
+    path = out / re.sub(r"[^A-Za-z0-9._-]+", "_", name)
     fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return path
@@ -94,7 +97,7 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     ax.set_ylabel(f"{key} ({'higher' if higher else 'lower'} is better)")
     ax.set_title(f"{teacher}: quality vs wall time")
     ax.legend(fontsize=7)
-    return _save(fig, out / f"quality_vs_time_{teacher}.png")
+    return _save(fig, out, f"quality_vs_time_{teacher}.png")
 
 
 def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
@@ -116,7 +119,7 @@ def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path 
     ax.set_ylabel("accepted tokens per forward pass")
     ax.set_title(f"{teacher}: acceptance vs window")
     ax.legend(fontsize=7)
-    return _save(fig, out / f"acceptance_{teacher}.png")
+    return _save(fig, out, f"acceptance_{teacher}.png")
 
 
 def study_history(name: str, objective: str, direction: str, trials: dict[int, float], out: Path) -> Path:
@@ -132,7 +135,7 @@ def study_history(name: str, objective: str, direction: str, trials: dict[int, f
     ax.set_ylabel(objective)
     ax.set_title(f"study {name}: history")
     ax.legend(fontsize=7)
-    return _save(fig, out / f"study_history_{name}.png")
+    return _save(fig, out, f"study_history_{name}.png")
 
 
 def study_importances(name: str, objective: str, importances: dict[str, float], out: Path) -> Path:
@@ -141,4 +144,4 @@ def study_importances(name: str, objective: str, importances: dict[str, float], 
     ax.barh(knobs, [importances[k] for k in knobs])
     ax.set_xlabel(f"importance for {objective} (fANOVA, Optuna)")
     ax.set_title(f"study {name}: knob importances")
-    return _save(fig, out / f"study_importances_{name}.png")
+    return _save(fig, out, f"study_importances_{name}.png")
