@@ -81,7 +81,8 @@ def test_full_size_key_sets_equal_the_official_ones(depth):
 
 
 def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
-    """`tiny-var` (tests/plugins.py) by `ar` (the next-scale sampler, CFG ramp) into MLflow and a report; the missing
+    """`tiny-var` (tests/plugins.py) by `ar` (the next-scale sampler, CFG ramp) and `skip-scales` into MLflow and a
+    report; the missing
     files of `var-d30` are one line."""
     from mlflow.tracking import MlflowClient
 
@@ -92,12 +93,36 @@ def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
             store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "var", "--warmup", "0", "--no-progress",
             "--param", "cfg=1.5", "--param", "top_k=20"]
     assert cli.main(args) == 0
+    assert cli.main([*args[:4], "skip-scales", *args[5:], "--param", "skip=1"]) == 0
     client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("var").experiment_id])
-    assert run.data.metrics["nfe_per_sample"] == 4 and run.data.tags["family"] == "multiscale-vq"
+    runs = {r.data.params["method"]: r for r in client.search_runs([client.get_experiment_by_name("var").experiment_id])}
+    assert runs["ar"].data.metrics["nfe_per_sample"] == 4 and runs["ar"].data.tags["family"] == "multiscale-vq"
+    assert runs["skip-scales"].data.metrics["nfe_per_sample"] == 3
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "var", "--out", str(tmp_path / "r")]) == 0
     assert "## tiny-var" in (tmp_path / "r" / "REPORT.md").read_text()
     capsys.readouterr()
     assert cli.main(["run", "--teacher", "var-d30", "--method", "ar", "--checkpoints", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"missing {tmp_path}/var_d30.pth and {tmp_path}/vae_ch160v4096z32.pth" in err
+
+
+def test_skip_scales_is_the_teachers_sampler_stopped_early():
+    """skip = 0 is `ar` draw for draw; skip = n draws K - n scales (nfe) and decodes their partial residual sum."""
+    from methods.skip_scales import SkipScales, SkipScalesConfig
+    from tests.fakes import tiny_var_teacher
+
+    teacher = tiny_var_teacher()
+    cond = teacher.conditions(3, torch.Generator().manual_seed(0))
+    s = multiscale_vq.SamplingConfig(cfg=1.5, top_k=20)
+    ar = multiscale_vq.sample_scales(teacher, cond, s, generator=torch.Generator().manual_seed(1))
+    same = SkipScales(teacher, SkipScalesConfig(s, skip=0)).sample(cond, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(same.data, ar.data)
+    out = SkipScales(teacher, SkipScalesConfig(s, skip=2)).sample(cond, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(out.data[:, :5], ar.data[:, :5]) and (out.data[:, 5:] == multiscale_vq.SKIPPED).all()
+    assert out.counters["nfe"] == 3 * 2
+    codes = list(out.data[:, :5].split([1, 4], dim=1))
+    torch.testing.assert_close(teacher.decode(out.data), (teacher.vq.decode_codes(codes) + 1) / 2)
+    from bench.errors import UserError
+
+    with pytest.raises(UserError, match="skip must be < the teacher's 4 scales"):
+        SkipScales(teacher, SkipScalesConfig(s, skip=4))

@@ -53,7 +53,11 @@ class MultiScaleTeacher(Protocol):
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...  # (n, 1) class ids
     def start(self, cond: torch.Tensor, *, cfg: bool): ...  # -> (state, logits (R, pn0^2, V)), R = 2B with cfg
     def next_scale(self, state, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, pn_k^2) -> (R, pn_{k+1}^2, V)
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, L) -> (B, 3, H, W) in [0, 1]
+    # (B, L) -> (B, 3, H, W) in [0, 1]; trailing scales of SKIPPED tokens add nothing to the decoded feature map
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+SKIPPED = -1  # the token of a scale that was not generated
 
 
 def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
@@ -80,16 +84,20 @@ def guide(logits: torch.Tensor, batch: int, cfg: float, si: int, n_scales: int) 
 
 @torch.inference_mode()
 def sample_scales(teacher: MultiScaleTeacher, cond: torch.Tensor, s: SamplingConfig, *,
-                  generator: torch.Generator | None) -> Samples:
-    """The teacher's own next-scale sampler: one forward pass per scale, batched over images."""
+                  generator: torch.Generator | None, scales: int | None = None) -> Samples:
+    """The teacher's own next-scale sampler: one forward pass per scale, batched over images. With `scales` < K only
+    the first `scales` are drawn; the tokens of the others are `SKIPPED` (DD's skip-n baseline)."""
     B, K = len(cond), len(teacher.patch_nums)
+    scales = K if scales is None else scales
     state, logits = teacher.start(cond, cfg=s.cfg != 0)
     tokens = []
-    for si in range(K):
+    for si in range(scales):
         tokens.append(draw(process(guide(logits, B, s.cfg, si, K), s), generator))  # (B, pn^2)
-        if si < K - 1:
+        if si < scales - 1:
             logits = teacher.next_scale(state, tokens[-1])
-    return Samples(torch.cat(tokens, 1), cond, Counter(nfe=B * K, tokens=B * teacher.seq_len))
+    rest = teacher.seq_len - sum(pn * pn for pn in teacher.patch_nums[:scales])
+    tokens.append(torch.full((B, rest), SKIPPED, dtype=torch.long, device=cond.device))
+    return Samples(torch.cat(tokens, 1), cond, Counter(nfe=B * scales, tokens=B * teacher.seq_len))
 
 
 def check(teacher_cls: type, s: SamplingConfig) -> None:

@@ -21,6 +21,7 @@ from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file
 from bench.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
+from teachers.families.multiscale_vq import SKIPPED
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
 from teachers.pretrained.files import mismatch, read_state_dict
@@ -124,7 +125,8 @@ class VARC2I:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, 3, 16 P, 16 P) in [0, 1]
-        codes = list(tokens.split([pn * pn for pn in self.patch_nums], dim=1))
+        """The image of the scales' codes; skipped trailing scales (`SKIPPED`) leave the partial residual sum."""
+        codes = [c for c in tokens.split([pn * pn for pn in self.patch_nums], dim=1) if c[0, 0] != SKIPPED]
         return (self.vq.decode_codes(codes) + 1) / 2
 
     def captions(self, cond: torch.Tensor) -> list[str]:
