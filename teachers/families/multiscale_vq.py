@@ -60,6 +60,49 @@ class MultiScaleTeacher(Protocol):
 SKIPPED = -1  # the token of a scale that was not generated
 
 
+@dataclass
+class ScaleState:
+    caches: list[dict]  # per block: the keys and values of the scales so far
+    cond: torch.Tensor  # (R, C) class embeddings: the batch's, then (with CFG) as many null-class rows
+    f_hat: torch.Tensor  # (B, Cvae, P, P) the accumulated feature map
+    si: int  # the scale whose logits were returned last
+
+
+class NetworkTeacher:
+    """`start`, `next_scale` and `decode` of a teacher made of a VAR transformer (`network`: `class_emb`,
+    `first_input`, `scale_input`, `step`; `teachers.networks.var`) and a multi-scale VQ (`vq`: `accumulate`,
+    `downsample`, `decode_codes`; `teachers.networks.msvq`); `n_classes` is the null class."""
+
+    n_classes: int
+    patch_nums: tuple[int, ...]
+
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: bool) -> tuple[ScaleState, torch.Tensor]:
+        labels = cond[:, 0]
+        if cfg:
+            labels = torch.cat([labels, torch.full_like(labels, self.n_classes)])
+        emb = self.network.class_emb(labels)  # (R, C)
+        P = self.patch_nums[-1]
+        f_hat = torch.zeros(len(cond), self.vq.cfg.Cvae, P, P, device=cond.device)
+        state = ScaleState([{} for _ in self.network.blocks], emb, f_hat, 0)
+        return state, self.network.step(self.network.first_input(emb), emb, state.caches)
+
+    @torch.inference_mode()
+    def next_scale(self, state: ScaleState, tokens: torch.Tensor) -> torch.Tensor:
+        state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
+        state.si += 1
+        x = self.network.scale_input(state.si, self.vq.downsample(state.si, state.f_hat))  # (B, pn^2, C)
+        if len(state.cond) != len(tokens):  # the same tokens feed the unconditional rows
+            x = torch.cat([x, x])
+        return self.network.step(x, state.cond, state.caches)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, C, H, W) in [0, 1]
+        """The image of the scales' codes; skipped trailing scales (`SKIPPED`) leave the partial residual sum."""
+        codes = [c for c in tokens.split([pn * pn for pn in self.patch_nums], dim=1) if c[0, 0] != SKIPPED]
+        return (self.vq.decode_codes(codes) + 1) / 2
+
+
 def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:
     """(..., V) guided logits -> (..., V) probabilities, with VAR's top-k and top-p (`sample_with_top_k_top_p_`)."""
     logits = logits.float()

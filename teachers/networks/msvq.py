@@ -29,7 +29,7 @@ UNUSED_PREFIXES = ("encoder.", "quant_conv.")  # in the file, not needed to deco
 class MSVQConfig:
     vocab_size: int = 4096
     Cvae: int = 32
-    ch: int = 160
+    ch: int = 160  # 0: no convolutional decoder, the map holds pixel patches (`decode` un-shuffles them)
     ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)  # x16
     num_res_blocks: int = 2  # the decoder runs num_res_blocks + 1 per level
     share_quant_resi: int = 4
@@ -120,8 +120,21 @@ class MultiScaleVQ(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.quantize = Quantize(cfg)
-        self.post_quant_conv = nn.Conv2d(cfg.Cvae, cfg.Cvae, 3, padding=1)
-        self.decoder = Decoder(cfg)
+        if cfg.ch:
+            self.post_quant_conv = nn.Conv2d(cfg.Cvae, cfg.Cvae, 3, padding=1)
+            self.decoder = Decoder(cfg)
+
+    @torch.no_grad()
+    def encode_map(self, f: torch.Tensor) -> list[torch.Tensor]:
+        """A feature map (B, Cvae, P, P) -> the codes of every scale, (B, pn^2) each: the residual left by the
+        earlier scales, area-downsampled to the scale, takes its nearest code (VAR's `f_to_idxBl_or_fhat`)."""
+        rest, codes, table = f.clone(), [], self.quantize.embedding.weight  # (V, Cvae)
+        for si, pn in enumerate(self.cfg.patch_nums):
+            z = self.downsample(si, rest).flatten(2).transpose(1, 2)  # (B, pn^2, Cvae)
+            idx = torch.cdist(z, table.expand(len(z), -1, -1)).argmin(-1)  # (B, pn^2)
+            codes.append(idx)
+            rest = rest - self.accumulate(si, torch.zeros_like(rest), idx)
+        return codes
 
     def accumulate(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """f_hat (B, Cvae, P, P) plus scale si's codes idx (B, pn^2): the updated map (out of place)."""
@@ -146,6 +159,8 @@ class MultiScaleVQ(nn.Module):
         return torch.cat(out, 1)
 
     def decode(self, f_hat: torch.Tensor) -> torch.Tensor:  # (B, Cvae, P, P) -> (B, 3, P*16, P*16) in [-1, 1]
+        if not self.cfg.ch:  # pixel patches of a one-channel image: (B, r^2, P, P) -> (B, 1, rP, rP)
+            return F.pixel_shuffle(f_hat, round(self.cfg.Cvae ** 0.5)).clamp(-1, 1)
         return self.decoder(self.post_quant_conv(f_hat)).clamp(-1, 1)
 
     def decode_codes(self, idx: list[torch.Tensor]) -> torch.Tensor:

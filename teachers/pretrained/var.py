@@ -11,7 +11,6 @@ the VQ-VAE only the encoder and `quant_conv`, which decoding never reads, are dr
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,7 +20,6 @@ from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file
 from bench.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
-from teachers.families.multiscale_vq import SKIPPED
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
 from teachers.pretrained.files import mismatch, read_state_dict
@@ -30,15 +28,7 @@ VAE_FILE = "vae_ch160v4096z32.pth"
 VERSION = 1  # bump when a change alters what the same files give
 
 
-@dataclass
-class VARState:
-    caches: list[dict]  # per block: the keys and values of the scales so far
-    cond: torch.Tensor  # (R, C) class embeddings: the batch's, then (with CFG) as many null-class rows
-    f_hat: torch.Tensor  # (B, Cvae, P, P) the accumulated feature map
-    si: int  # the scale whose logits were returned last
-
-
-class VARC2I:
+class VARC2I(multiscale_vq.NetworkTeacher):
     """VAR-d16 (310 M) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
 
     family: ClassVar = multiscale_vq.FAMILY
@@ -98,36 +88,10 @@ class VARC2I:
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
 
-    # ---- the MultiScaleTeacher protocol ---------------------------------------------------------------------
+    # ---- the MultiScaleTeacher protocol (start, next_scale, decode: `multiscale_vq.NetworkTeacher`) ------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """n uniformly drawn class ids, (n, 1), on the generator's device."""
         return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device)
-
-    @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: bool) -> tuple[VARState, torch.Tensor]:
-        labels = cond[:, 0]
-        if cfg:
-            labels = torch.cat([labels, torch.full_like(labels, self.n_classes)])
-        emb = self.network.class_emb(labels)  # (R, C)
-        P, B = self.patch_nums[-1], len(cond)
-        f_hat = torch.zeros(B, self.network.cfg.Cvae, P, P, device=cond.device)
-        state = VARState([{} for _ in self.network.blocks], emb, f_hat, 0)
-        return state, self.network.step(self.network.first_input(emb), emb, state.caches)
-
-    @torch.inference_mode()
-    def next_scale(self, state: VARState, tokens: torch.Tensor) -> torch.Tensor:
-        state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
-        state.si += 1
-        x = self.network.scale_input(state.si, self.vq.downsample(state.si, state.f_hat))  # (B, pn^2, C)
-        if len(state.cond) != len(tokens):  # the same tokens feed the unconditional rows
-            x = torch.cat([x, x])
-        return self.network.step(x, state.cond, state.caches)
-
-    @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, 3, 16 P, 16 P) in [0, 1]
-        """The image of the scales' codes; skipped trailing scales (`SKIPPED`) leave the partial residual sum."""
-        codes = [c for c in tokens.split([pn * pn for pn in self.patch_nums], dim=1) if c[0, 0] != SKIPPED]
-        return (self.vq.decode_codes(codes) + 1) / 2
 
     def captions(self, cond: torch.Tensor) -> list[str]:
         names = imagenet_class_names()

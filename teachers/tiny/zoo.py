@@ -4,6 +4,7 @@ import dataclasses
 from teachers.tiny.image_ar import ImageARRecipe, ImageARTeacher
 from teachers.tiny.image_dit import ImageDiTRecipe, ImageDiTTeacher
 from teachers.tiny.image_mar import ImageMARRecipe, ImageMARTeacher
+from teachers.tiny.image_var import ImageVARRecipe, ImageVARTeacher
 from teachers.tiny.text_gpt import TextGPTTeacher
 from teachers.tiny.text_lm import TextLMRecipe
 from teachers.tiny.text_mdlm import TextMDLMTeacher
@@ -42,6 +43,13 @@ class DigitsMARClass(ImageMARTeacher):
     """Class-conditional MAR-style target + draft over 64 continuous 2x2-patch tokens of digits (16x16)."""
 
     recipe = ImageMARRecipe(dataset="digits")
+
+
+class DigitsVARClass(ImageVARTeacher):
+    """Class-conditional VAR (next-scale prediction) over 4 scales (1 to 8 x 8) of multi-scale pixel-patch codes of
+    digits (16x16)."""
+
+    recipe = ImageVARRecipe()
 
 
 class DigitsDiTClass(ImageDiTTeacher):
