@@ -303,6 +303,21 @@ def test_list_shows_every_entry_with_families(capsys):
                  "skip-n", "fid", "clip", "hpsv2"):
         assert name in out
     assert "families: ar-token" in out and "[masked-diffusion-lm, text]" in out
+    assert "hf:<folder>" in out and "[multiscale-vq, image]" in out
+
+
+def test_a_sqlite_stores_artifacts_go_beside_its_file(tmp_path, monkeypatch):
+    """Not into the working directory, as MLflow's default would put them (`./mlruns`)."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/sub/store.db"
+    (tmp_path / "sub").mkdir()
+    tracker = Tracker(uri, "artifacts")
+    location = MlflowClient(uri).get_experiment(tracker.experiment_id).artifact_location
+    assert location == (tmp_path / "sub" / "mlruns").as_uri()
 
 
 def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe, store, cache_dir, monkeypatch):
