@@ -1,6 +1,7 @@
 """Latency statistics from per-batch wall times (the harness times; methods never do)."""
 from __future__ import annotations
 
+import argparse
 import time
 from contextlib import contextmanager
 
@@ -18,6 +19,17 @@ def stopwatch(device: torch.device, out: list[float]):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     out.append(time.perf_counter() - t0)
+
+
+def cost_arguments(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, torch.device]:
+    """The options every full-size cost script shares (--device, --threads, --repeats) added and parsed; torch's
+    thread count set. Returns the parsed arguments and the device."""
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args, torch.device(args.device)
 
 
 def median_seconds(fn, repeats: int, device: torch.device) -> float:

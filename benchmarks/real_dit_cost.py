@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.timing import median_seconds
+from bench.timing import cost_arguments, median_seconds
 from methods.ard import ARDConfig, time_labels
 from methods.ard_student import ARDStudent
 from teachers.networks.dit import DiT
@@ -27,12 +27,7 @@ def flops(fn) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image-size", type=int, default=256)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    args, device = cost_arguments(ap)
     cfg = xl2_config(args.image_size)
     torch.manual_seed(0)
     teacher = DiT(cfg).to(device).eval().requires_grad_(False)

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from bench.timing import median_seconds
+from bench.timing import cost_arguments, median_seconds
 
 FULL_LAYERS = 32
 CONTEXT = 40 + 4096  # a COCO prompt with the image prefix (~40 tokens) and half of the 8193 outputs
@@ -27,13 +27,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--windows", type=int, nargs="+", default=[4, 16, 32])
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    args, device = cost_arguments(ap)
+    dtype = getattr(torch, args.dtype)
     cfg = Emu3TextConfig(num_hidden_layers=args.layers)
     torch.manual_seed(0)
     model = Emu3ForCausalLM(cfg).to(device, dtype).eval()

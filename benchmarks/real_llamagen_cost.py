@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import torch
 
-from bench.timing import median_seconds
+from bench.timing import cost_arguments, median_seconds
 from teachers.networks.llamagen import SIZES, LlamaGenGPT, size_config
 
 
@@ -18,12 +18,7 @@ def main() -> None:
     ap.add_argument("--size", default="GPT-XL", choices=sorted(SIZES))
     ap.add_argument("--image-size", type=int, default=384)
     ap.add_argument("--windows", type=int, nargs="+", default=[4, 16, 32])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    args, device = cost_arguments(ap)
     cfg = size_config(args.size, (args.image_size // 16) ** 2)
     torch.manual_seed(0)
     net = LlamaGenGPT(cfg).to(device).eval()

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from bench.timing import median_seconds
+from bench.timing import cost_arguments, median_seconds
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
 
 
@@ -20,12 +20,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--length", type=int, default=1024)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    device, L = torch.device(args.device), args.length
+    args, device = cost_arguments(ap)
+    L = args.length
     torch.manual_seed(0)
     mdlm = MDLMDiT(MDLMDiTConfig(length=L)).to(device).eval()
     gpt2 = GPT2LMHeadModel(GPT2Config(n_positions=max(1024, L + 1))).to(device).eval()

@@ -10,19 +10,15 @@ import argparse
 
 import torch
 
-from bench.timing import median_seconds
+from bench.timing import cost_arguments, median_seconds
 from teachers.networks.var import VAR, VARConfig
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depth", type=int, default=16, choices=[16, 20, 24, 30])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    device, cfg = torch.device(args.device), VARConfig(depth=args.depth)
+    args, device = cost_arguments(ap)
+    cfg = VARConfig(depth=args.depth)
     torch.manual_seed(0)
     net = VAR(cfg).to(device).eval()
     labels = torch.tensor([1, cfg.num_classes], device=device)  # a class and the null class: CFG rows

@@ -98,10 +98,12 @@ class ImageFeatureMetric(Metric):
         stats = getattr(teacher_cls, "reference_statistics", None)
         spec = f"{cls.name}@{extractor or 'cnn'}"
         if stats is None:
-            if not cls.has_dataset(teacher_cls) and cls.compares_with is not None:
+            if cls.has_dataset(teacher_cls):
+                return
+            if cls.compares_with is not None:
                 raise UserError(f"metric {spec} compares with real images; teacher {teacher!r} has no dataset here "
                                 f"and no reference statistics (text-image metrics: clip@<arch>, hpsv2)")
-            if not cls.has_dataset(teacher_cls) and extractor != "inception":
+            if extractor != "inception":
                 raise UserError(f"metric {spec} reads the classifier trained on the teacher's dataset; teacher "
                                 f"{teacher!r} has none here: use {cls.name}@inception")
             return

@@ -127,7 +127,7 @@ def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected():
     assert sjd_p(broken) < 1e-3
 
 
-def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path):
+def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-emu3` (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow, then a report; the
     methods that read a codebook are refused in one line, and so are metrics that need real images."""
     from mlflow.tracking import MlflowClient
@@ -146,7 +146,11 @@ def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tm
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 11 for r in runs)
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "emu3", "--out", str(tmp_path / "r")]) == 0
     assert "## tiny-emu3" in (tmp_path / "r" / "REPORT.md").read_text()
+    capsys.readouterr()
     assert cli.main(["run", "--method", "ar", "--metric", "fid", *common]) == 2
+    assert "compares with real images" in capsys.readouterr().err
+    assert cli.main(["run", "--method", "ar", "--metric", "is", *common]) == 2
+    assert "use is@inception" in capsys.readouterr().err
 
 
 def test_dd_on_emu3_is_refused_in_one_line(teacher):

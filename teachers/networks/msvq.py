@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from teachers.networks.vq16 import ResnetBlock, Upsample, _norm, _swish
+from teachers.networks.vq16 import ResnetBlock, Upsample, _norm, _swish, decode_level
 from teachers.networks.var import PATCH_NUMS
 
 UNUSED_PREFIXES = ("encoder.", "quant_conv.")  # in the file, not needed to decode
@@ -76,12 +76,7 @@ class Decoder(nn.Module):
     def forward(self, z):  # (B, Cvae, h, w) -> (B, 3, h * 2^levels, w * 2^levels)
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
         for up in reversed(self.up):
-            for i, block in enumerate(up.block):
-                h = block(h)
-                if len(up.attn):
-                    h = up.attn[i](h)
-            if hasattr(up, "upsample"):
-                h = up.upsample(h)
+            h = decode_level(h, up.block, up.attn, getattr(up, "upsample", None))
         return self.conv_out(_swish(self.norm_out(h)))
 
 

@@ -77,6 +77,16 @@ class Upsample(nn.Module):
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
+def decode_level(h: torch.Tensor, res: nn.ModuleList, attn: nn.ModuleList, upsample: nn.Module | None) -> torch.Tensor:
+    """One level of an LDM-style decoder: each residual block, followed by its attention block where the level has
+    them (the deepest), then the upsampling (all but the finest level)."""
+    for i, block in enumerate(res):
+        h = block(h)
+        if len(attn):
+            h = attn[i](h)
+    return upsample(h) if upsample is not None else h
+
+
 class Decoder(nn.Module):
     def __init__(self, cfg: VQDecoderConfig):
         super().__init__()
@@ -100,12 +110,7 @@ class Decoder(nn.Module):
         for block in self.mid:
             h = block(h)
         for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
-            if hasattr(block, "upsample"):
-                h = block.upsample(h)
+            h = decode_level(h, block.res, block.attn, getattr(block, "upsample", None))
         return self.conv_out(_swish(self.norm_out(h)))
 
 

@@ -96,5 +96,9 @@ class HFFolderLM(HFCausalLMTeacher):
         return cls(name, network, tokenizer, prompts, [], min(MAX_NEW_TOKENS, positions - 1), info, bos_id=bos)
 
     def reference_texts(self) -> list[str]:
-        """WebText test documents of this teacher's length (MAUVE's reference side, read when MAUVE asks)."""
+        """WebText test documents of this teacher's length (MAUVE's reference side, read when MAUVE first asks)."""
+        return self._references
+
+    @functools.cached_property
+    def _references(self) -> list[str]:
         return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}")

@@ -150,6 +150,10 @@ class MDLMOWT:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     def reference_texts(self) -> list[str]:
+        return self._references
+
+    @functools.cached_property
+    def _references(self) -> list[str]:  # read and tokenised once per loaded teacher, not once per trial
         return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}", self.root())
 
 
