@@ -4,6 +4,7 @@ from bench.registry import METHODS
 METHODS.register("ar", "methods.own:AR")
 METHODS.register("ddim", "methods.own:DDIM")
 METHODS.register("mdlm", "methods.own:MDLM")
+METHODS.register("mar", "methods.own:MAR")
 METHODS.register("jacobi", "methods.jacobi:Jacobi")
 METHODS.register("sjd", "methods.sjd:SJD")
 METHODS.register("dd", "methods.dd:DD")

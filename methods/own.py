@@ -1,6 +1,7 @@
 """The teachers' own samplers as methods, under their families' sampler names: `ar` (token by token: the reference
 arm of SJD, arXiv:2410.01699, and DD, arXiv:2412.17153, and with the target model alone of CSpD, arXiv:2411.11925),
-VAR's next-scale sampler (one pass per scale, DD's VAR baseline), `ddim` (DiT's DDIM, eta = 0: at K steps ARD's quality target, at S steps its "same steps, no distillation"
+VAR's next-scale sampler (one pass per scale, DD's VAR baseline), `mar` (MAR's masked random-order sampler, CSpD's
+teacher's own), `ddim` (DiT's DDIM, eta = 0: at K steps ARD's quality target, at S steps its "same steps, no distillation"
 baseline, arXiv:2504.11295) and `mdlm` (MDLM's ancestral sampler, SDTT's, arXiv:2410.21035).
 
 Every trial already runs its teacher's own sampler as the reference arm; as a method it runs at other settings than
@@ -8,7 +9,7 @@ a trial's reference (e.g. `ddim` at 4 steps against the 25-step reference)."""
 from __future__ import annotations
 
 from methods.base import OwnSampler
-from teachers.families import ar_token, continuous_ar, masked_diffusion, multiscale_vq, ode_diffusion
+from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
 
 
 class AR(OwnSampler):
@@ -16,6 +17,15 @@ class AR(OwnSampler):
 
     families = (ar_token.FAMILY, continuous_ar.FAMILY, multiscale_vq.FAMILY)
     key_knobs = ("greedy",)
+
+
+class MAR(OwnSampler):
+    """MAR's own sampler (the target alone): `num_iter` steps in a random order, each one encoder-decoder pass over
+    the known tokens and one head chain per token predicted (CSpD's reference on the masked family)."""
+
+    families = (masked_ar.FAMILY,)
+    modalities = ("image",)
+    key_knobs = ("num_iter",)
 
 
 class DDIM(OwnSampler):

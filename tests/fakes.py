@@ -9,10 +9,11 @@ from typing import ClassVar
 
 import torch
 
-from teachers.families import ar_token, continuous_ar
+from teachers.families import ar_token, continuous_ar, masked_ar
 from teachers.pretrained.dit import OfficialDiT
 from teachers.pretrained.emu3 import Emu3Gen
 from teachers.pretrained.llamagen import LlamaGenC2I
+from teachers.pretrained.mar import MARH
 from teachers.pretrained.mdlm_owt import MDLMOWT, MDLMOWTPrompted
 from teachers.pretrained.var import VARC2I
 
@@ -160,10 +161,12 @@ class LinearGaussianModel:
     def sigmas(self, steps):
         return self.sigma_scale * torch.linspace(1.0, 0.3, steps)
 
-    def denoise(self, z, x_T, eps, sampling):
+    def denoise(self, z, x_T, eps, sampling, cfg=None):
+        """cfg: the scale (or one per token, (M,)) when it is not `sampling.cfg` (the masked family's schedule)."""
         from teachers.networks.diffusion_head import HeadOutput
 
-        target = z[:, 1] + sampling.cfg * (z[:, 0] - z[:, 1]) if z.shape[1] == 2 else z[:, 0]
+        w = sampling.cfg if cfg is None else (cfg[:, None] if isinstance(cfg, torch.Tensor) else cfg)
+        target = z[:, 1] + w * (z[:, 0] - z[:, 1]) if z.shape[1] == 2 else z[:, 0]
         x, total, sig = x_T, torch.zeros(len(x_T)), self.sigmas(sampling.steps) * sampling.temperature
         for i in range(sampling.steps):
             mean, log_std = (1 - self.lam) * x + self.lam * target, sig[i].log().expand_as(x)
@@ -196,6 +199,58 @@ class LinearGaussianAR:
 
     def captions(self, cond):
         return [f"class {int(c)}" for c in cond[:, 0]]
+
+
+class LinearGaussianMaskedModel:
+    """A masked-family 'model' on `LinearGaussianModel`'s chain: z of every position is the condition's offset + rho *
+    the mean of the known tokens (0 when none), per CFG branch, so a token's law depends on every known one."""
+
+    def __init__(self, chain: LinearGaussianModel):
+        self.chain = chain
+
+    def condition(self, tokens, known, cond, *, guided):
+        B, N, D = tokens.shape
+        k = known[..., None].float()
+        mean = self.chain.rho * (tokens * k).sum(1) / k.sum(1).clamp(min=1)  # (B, D)
+        c, u = self.chain.offsets[cond[:, 0]] + mean, self.chain.uncond + mean
+        z = torch.stack([c, u], 1) if guided else c[:, None]  # (B, branches, D)
+        return z[:, None].expand(B, N, *z.shape[1:])
+
+    def denoise(self, z, x_T, eps, sampling, cfg):
+        return self.chain.denoise(z, x_T, eps, sampling, cfg)
+
+
+class LinearGaussianMasked:
+    """A masked-family teacher of two `LinearGaussianMaskedModel`s: target and a deliberately different draft."""
+
+    family: ClassVar = masked_ar.FAMILY
+    modality: ClassVar[str] = "image"
+
+    def __init__(self, seq_len=3, dim=1, draft_shift=0.3, draft_sigma=1.3, same=False, seed=0):
+        chains = LinearGaussianAR(seq_len, dim, (1, seq_len), draft_shift, draft_sigma, same, seed)
+        self.seq_len, self.token_dim, self.grid = seq_len, dim, (1, seq_len)
+        self.target = LinearGaussianMaskedModel(chains.target)
+        self.draft = self.target if same else LinearGaussianMaskedModel(chains.draft)
+        self.conditions, self.decode, self.captions = chains.conditions, chains.decode, chains.captions
+
+
+def tiny_masked_mar_teacher(seed=0, same=False, device="cpu"):
+    """An untrained MAR pair (the real network: bidirectional encoder-decoder with a ragged known set, diffusion head,
+    CFG branches) on 8x8 images of 2x2 patches (16 tokens); `same=True` makes the draft the target itself."""
+    from teachers.networks.mar import MAR
+    from teachers.tiny.image_masked_mar import MaskedMARRecipe, MaskedMARTeacher, ModelSize
+
+    size = ModelSize(width=16, depth=1, heads=2, head_width=16, head_depth=1)
+
+    class Tiny(MaskedMARTeacher):
+        recipe = MaskedMARRecipe(image_size=8, target=size, draft=size, buffer_size=2)
+
+    torch.manual_seed(seed)
+    target, draft = MAR(Tiny.config(size, 10)), MAR(Tiny.config(size, 10))
+    for m in (target, draft):
+        for p in m.parameters():  # zero-initialised parts (positions, the head's output) must matter too
+            p.data.add_(0.3 * torch.randn_like(p))
+    return Tiny("tiny-masked-mar", target.to(device), (target if same else draft).to(device), {})
 
 
 def tiny_mar_teacher(seed=0, same=False, device="cpu"):
@@ -459,6 +514,55 @@ def _write_var(folder: Path) -> None:
     f = torch.load(FIXTURES / "var" / "var_tiny_parity.pt", weights_only=True)
     torch.save(f["var_state_dict"], folder / "var_tiny.pth")
     torch.save({**f["vae_state_dict"], "encoder.conv_in.weight": torch.zeros(1)}, folder / "vae_tiny.pth")
+
+
+def _write_mar(folder: Path) -> None:
+    """The parity fixture's MAR pair and KL-16 decoder as MAR's files are: training checkpoints with the EMA weights
+    under `model_ema` (and an `args` Namespace, trap T1) in `mar/<model>/checkpoint-last.pth`, the VAE's state under
+    `model` in `vae/kl16.ckpt`, with an encoder tensor (the loader drops it)."""
+    import argparse
+
+    f = torch.load(FIXTURES / "mar" / "mar_tiny_parity.pt", weights_only=True)
+    for model, which in (("mar_huge", "target"), ("mar_base", "draft")):
+        (folder / "mar" / model).mkdir(parents=True)
+        state = f[f"{which}_state"]
+        torch.save({"model": {k: v + 1 for k, v in state.items()}, "model_ema": state, "epoch": 0,
+                    "args": argparse.Namespace(model=model)}, folder / "mar" / model / "checkpoint-last.pth")
+    (folder / "vae").mkdir()
+    vae = torch.load(FIXTURES / "mar" / "kl16_tiny_parity.pt", weights_only=True)["state"]
+    torch.save({"model": {**vae, "encoder.conv_in.weight": torch.zeros(1)}}, folder / "vae" / "kl16.ckpt")
+
+
+class TinyOfficialMAR(MARH):
+    """The MAR loader on tiny random-weight files in the official format (the parity fixture's pair: 16 tokens of 4
+    dims, widths 32 and 16; a KL-16 decoder with one upsampling), written to disk and read back (`tiny-mar-official`
+    in tests/plugins.py)."""
+
+    @classmethod
+    def config(cls, model, head_width, head_depth):
+        from teachers.networks.mar import MARConfig
+
+        width, depth = (32, 2) if model == "mar_huge" else (16, 1)
+        return MARConfig(seq_len=16, token_dim=4, encoder_width=width, encoder_depth=depth, encoder_heads=2,
+                         decoder_width=width, decoder_depth=depth, decoder_heads=2, buffer_size=4,
+                         head_width=head_width, head_depth=head_depth, norm_eps=1e-5)
+
+    @classmethod
+    def vae_config(cls):
+        from teachers.networks.kl16 import KL16Config
+
+        return KL16Config(embed_dim=4, ch=32, ch_mult=(1, 2))
+
+    @classmethod
+    def files(cls):
+        folder = _files("tiny-mar-official", _write_mar)
+        return (folder / "mar" / "mar_huge" / "checkpoint-last.pth", folder / "mar" / "mar_base" / "checkpoint-last.pth",
+                folder / "vae" / "kl16.ckpt")
+
+
+def tiny_official_mar_teacher(device="cpu"):
+    """`TinyOfficialMAR`, loaded through `MARH.load`."""
+    return TinyOfficialMAR.load("tiny-mar-official", cache=None, device=torch.device(device))
 
 
 class TinyVAR(VARC2I):

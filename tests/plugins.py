@@ -1,5 +1,5 @@
 """Registry plugin for tests that start worker processes: instant teachers over the enumerable table model, and the
-official DiT, LlamaGen, Emu3 and VAR loaders on tiny files.
+official DiT, LlamaGen, Emu3, VAR and MAR loaders on tiny files.
 
 Loaded with ACCELBENCH_PLUGINS=tests.plugins, so subprocesses see the same entries as the test.
 """
@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 from bench.registry import TEACHERS
-from tests.fakes import TableAR, TinyEmu3, TinyLlamaGen, TinyOfficialDiT, TinyVAR
+from tests.fakes import TableAR, TinyEmu3, TinyLlamaGen, TinyOfficialDiT, TinyOfficialMAR, TinyVAR
 
 TEACHERS.register("tiny-official-dit", TinyOfficialDiT)  # the official loaders on tiny random-weight files
 TEACHERS.register("tiny-llamagen", TinyLlamaGen)
 TEACHERS.register("tiny-emu3", TinyEmu3)
 TEACHERS.register("tiny-var", TinyVAR)
+TEACHERS.register("tiny-mar-official", TinyOfficialMAR)
 
 BARRIER_ENV = "ACCELBENCH_TEST_BARRIER"  # "<folder>:<n>": `barrier-table-ar` loads once n processes are loading it
 

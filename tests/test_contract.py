@@ -11,20 +11,21 @@ from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
 from bench.runner import RUN_FIELDS
 from methods.base import OwnSampler
-from teachers.families import ar_token, continuous_ar, masked_diffusion, multiscale_vq, ode_diffusion
-from tests.fakes import (LinearGaussianAR, TableAR, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher,
-                         tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher,
-                         tiny_mdlm_owt_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher,
-                         tiny_var_teacher)
+from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
+from tests.fakes import (LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher, tiny_emu3_teacher,
+                         tiny_gpt2_folder_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
+                         tiny_mar_teacher, tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher,
+                         tiny_official_dit_teacher, tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
 
 FAMILIES = (ar_token.FAMILY, continuous_ar.FAMILY, ode_diffusion.FAMILY, masked_diffusion.FAMILY,
-            multiscale_vq.FAMILY)
+            multiscale_vq.FAMILY, masked_ar.FAMILY)
 FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
                          tiny_emu3_teacher, tiny_gpt2_folder_teacher],
          continuous_ar.FAMILY: [LinearGaussianAR, tiny_mar_teacher],
          ode_diffusion.FAMILY: [tiny_dit_teacher, tiny_official_dit_teacher],
          masked_diffusion.FAMILY: [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],
-         multiscale_vq.FAMILY: [tiny_var_teacher]}
+         multiscale_vq.FAMILY: [tiny_var_teacher],
+         masked_ar.FAMILY: [LinearGaussianMasked, tiny_masked_mar_teacher, tiny_official_mar_teacher]}
 SEQUENCE_FAMILIES = (ar_token.FAMILY, masked_diffusion.FAMILY, multiscale_vq.FAMILY)  # samples are (B, N) token ids
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
@@ -92,7 +93,7 @@ def test_method_entry(name, tmp_path):
                 assert out.data.shape == (1, teacher.seq_len) and out.data.dtype == torch.long
                 drawn = out.data[out.data != multiscale_vq.SKIPPED] if family == multiscale_vq.FAMILY else out.data
                 assert 0 <= drawn.min() and out.data.max() < teacher.vocab_size  # (skip-scales marks what it skips)
-            elif family == continuous_ar.FAMILY:
+            elif family in (continuous_ar.FAMILY, masked_ar.FAMILY):
                 assert out.data.shape == (1, teacher.seq_len, teacher.token_dim) and out.data.isfinite().all()
             else:
                 assert out.data.shape == (1, *teacher.image_shape) and out.data.isfinite().all()

@@ -63,6 +63,16 @@ def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False).clamp(0, 1)
 
 
+def to_patches(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """(B, 1, H, W) in [0, 1] -> (B, N, p*p) pixel-patch tokens in [-1, 1], raster order (the MAR teachers' tokens)."""
+    return F.unfold(images * 2 - 1, kernel_size=patch, stride=patch).transpose(1, 2)
+
+
+def from_patches(tokens: torch.Tensor, patch: int, size: int) -> torch.Tensor:
+    """(B, N, p*p) -> (B, 1, size, size) images in [0, 1], the inverse of `to_patches` (clamped)."""
+    return ((F.fold(tokens.transpose(1, 2), (size, size), kernel_size=patch, stride=patch) + 1) / 2).clamp(0, 1)
+
+
 def _digits(split: str, size: int) -> ImageDataset:
     from sklearn.datasets import load_digits
 

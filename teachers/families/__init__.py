@@ -9,7 +9,8 @@ A family module holds the contract between methods and teachers of one kind of g
 
 Families: `ar_token` (discrete-token AR: image tokens and text, with a KV cache), `continuous_ar` (MAR-style
 continuous tokens with a diffusion head, target + draft), `ode_diffusion` (DiT with a PF-ODE sampler),
-`masked_diffusion` (MDLM), `multiscale_vq` (VAR: next-scale prediction).
+`masked_diffusion` (MDLM), `multiscale_vq` (VAR: next-scale prediction), `masked_ar` (MAR: continuous tokens in
+a random order, bidirectional, target + draft).
 """
 from __future__ import annotations
 

@@ -174,12 +174,14 @@ class HeadOutput:
 
 @torch.inference_mode()
 def denoise(head: DiffusionHead, sched: Schedule, z: torch.Tensor, x_T: torch.Tensor, eps: torch.Tensor, *,
-            temperature: float, cfg: float, final_noise: bool, final_std: float = 0.0) -> HeadOutput:
-    """Run the head's reverse chain. z (N, branches, d) with the unconditional branch second when cfg != 1;
+            temperature: float, cfg: float | torch.Tensor, final_noise: bool, final_std: float = 0.0) -> HeadOutput:
+    """Run the head's reverse chain. z (N, branches, d) with the unconditional branch second when guided, cfg one
+    scale or one per token (N,);
     x_T (N, D) and eps (N, K, D) the starting point and per-step noise (eps[:, i] for the i-th step taken);
     final_std > 0 floors the last step's std (output noise, see `continuous_ar.SamplingConfig`)."""
     N, D = x_T.shape
     guided = z.shape[1] == 2
+    w = cfg[:, None] if isinstance(cfg, torch.Tensor) else cfg
     zz = torch.cat([z[:, 0], z[:, 1]]) if guided else z[:, 0]
     x, log_std_sum, log_t = x_T, torch.zeros(N, device=x_T.device), math.log(temperature)
     c = head.cond_emb(zz)  # the chain's condition is fixed: embed it once, the step embedding once per step
@@ -187,7 +189,7 @@ def denoise(head: DiffusionHead, sched: Schedule, z: torch.Tensor, x_T: torch.Te
     for i, k in enumerate(range(sched.steps - 1, -1, -1)):
         e, v = head.body(torch.cat([x, x]) if guided else x, c + t_emb[k])
         if guided:
-            e = e[N:] + cfg * (e[:N] - e[N:])
+            e = e[N:] + w * (e[:N] - e[N:])
             v = v[:N]
         mean, log_std = sched.p_mean_log_std(e, v, x, k, head.cfg.clip)
         log_std = log_std + log_t

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from teachers.networks.vq16 import ResnetBlock, Upsample, _norm, _swish, decode_level
+from teachers.networks.vq16 import LDMDecoder, _norm
 from teachers.networks.var import PATCH_NUMS
 
 UNUSED_PREFIXES = ("encoder.", "quant_conv.")  # in the file, not needed to decode
@@ -51,33 +51,6 @@ class AttnBlock(nn.Module):
         q, k, v = self.qkv(self.norm(x)).reshape(B, 3, C, H * W).unbind(1)  # (B, C, HW)
         weights = torch.softmax(torch.bmm(q.transpose(1, 2), k) * C ** -0.5, dim=2)  # (B, HW queries, HW keys)
         return x + self.proj_out(torch.bmm(v, weights.transpose(1, 2)).reshape(B, C, H, W))
-
-
-class Decoder(nn.Module):
-    def __init__(self, cfg: MSVQConfig):
-        super().__init__()
-        c = cfg.ch * cfg.ch_mult[-1]
-        self.conv_in = nn.Conv2d(cfg.Cvae, c, 3, padding=1)
-        self.mid = nn.Module()
-        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = ResnetBlock(c, c), AttnBlock(c), ResnetBlock(c, c)
-        ups = []
-        for level in reversed(range(len(cfg.ch_mult))):
-            up, c_out = nn.Module(), cfg.ch * cfg.ch_mult[level]
-            up.block = nn.ModuleList(ResnetBlock(c if i == 0 else c_out, c_out) for i in range(cfg.num_res_blocks + 1))
-            deepest = level == len(cfg.ch_mult) - 1
-            up.attn = nn.ModuleList(AttnBlock(c_out) for _ in range(cfg.num_res_blocks + 1) if deepest)
-            if level != 0:
-                up.upsample = Upsample(c_out)
-            ups.insert(0, up)  # up[0] is the finest level, as the official list is ordered
-            c = c_out
-        self.up = nn.ModuleList(ups)
-        self.norm_out, self.conv_out = _norm(c), nn.Conv2d(c, 3, 3, padding=1)
-
-    def forward(self, z):  # (B, Cvae, h, w) -> (B, 3, h * 2^levels, w * 2^levels)
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
-        for up in reversed(self.up):
-            h = decode_level(h, up.block, up.attn, getattr(up, "upsample", None))
-        return self.conv_out(_swish(self.norm_out(h)))
 
 
 class Phi(nn.Conv2d):
@@ -117,7 +90,7 @@ class MultiScaleVQ(nn.Module):
         self.quantize = Quantize(cfg)
         if cfg.ch:
             self.post_quant_conv = nn.Conv2d(cfg.Cvae, cfg.Cvae, 3, padding=1)
-            self.decoder = Decoder(cfg)
+            self.decoder = LDMDecoder(cfg.Cvae, cfg.ch, cfg.ch_mult, cfg.num_res_blocks, AttnBlock, level_attn=True)
 
     @torch.no_grad()
     def encode_map(self, f: torch.Tensor) -> list[torch.Tensor]:

@@ -87,6 +87,38 @@ def decode_level(h: torch.Tensor, res: nn.ModuleList, attn: nn.ModuleList, upsam
     return upsample(h) if upsample is not None else h
 
 
+class LDMDecoder(nn.Module):
+    """LDM's decoder in its own names (`conv_in`, `mid.block_1/attn_1/block_2`, `up[level].block/attn/upsample` with
+    up[0] the finest level, `norm_out`, `conv_out`): VAR's multi-scale VQ-VAE (`attn` its fused-qkv block) and MAR's
+    KL-16 VAE (no attention in the levels)."""
+
+    def __init__(self, z_channels: int, ch: int, ch_mult: tuple[int, ...], num_res_blocks: int, attn: type = AttnBlock,
+                 level_attn: bool = True):
+        super().__init__()
+        c = ch * ch_mult[-1]
+        self.conv_in = nn.Conv2d(z_channels, c, 3, padding=1)
+        self.mid = nn.Module()
+        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = ResnetBlock(c, c), attn(c), ResnetBlock(c, c)
+        ups = []
+        for level in reversed(range(len(ch_mult))):
+            up, c_out = nn.Module(), ch * ch_mult[level]
+            up.block = nn.ModuleList(ResnetBlock(c if i == 0 else c_out, c_out) for i in range(num_res_blocks + 1))
+            deepest = level == len(ch_mult) - 1
+            up.attn = nn.ModuleList(attn(c_out) for _ in range(num_res_blocks + 1) if deepest and level_attn)
+            if level != 0:
+                up.upsample = Upsample(c_out)
+            ups.insert(0, up)  # up[0] is the finest level, as the official list is ordered
+            c = c_out
+        self.up = nn.ModuleList(ups)
+        self.norm_out, self.conv_out = _norm(c), nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, z):  # (B, z_channels, h, w) -> (B, 3, h * 2^levels, w * 2^levels)
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
+        for up in reversed(self.up):
+            h = decode_level(h, up.block, up.attn, getattr(up, "upsample", None))
+        return self.conv_out(_swish(self.norm_out(h)))
+
+
 class Decoder(nn.Module):
     def __init__(self, cfg: VQDecoderConfig):
         super().__init__()

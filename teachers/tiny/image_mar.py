@@ -15,11 +15,10 @@ from typing import ClassVar
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from bench.cache import Cache
 from bench.training import optimizer_step, training_steps, warmup_cosine
-from teachers.data.images import caption_table, load_image_dataset
+from teachers.data.images import caption_table, from_patches, load_image_dataset, to_patches
 from teachers.families import continuous_ar
 from teachers.networks.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
 from teachers.networks.gpt import GPT, GPTConfig, GuidedState
@@ -167,13 +166,10 @@ class ImageMARTeacher(RecipeTeacher):
     # ---- tokens <-> images ----------------------------------------------------------------------------------
     @classmethod
     def patchify(cls, images: torch.Tensor) -> torch.Tensor:
-        """(B, 1, H, W) in [0, 1] -> (B, N, p*p) in [-1, 1], raster order."""
-        return F.unfold(images * 2 - 1, kernel_size=cls.recipe.patch, stride=cls.recipe.patch).transpose(1, 2)
+        return to_patches(images, cls.recipe.patch)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, N, p*p) -> (B, 1, H, W) images in [0, 1]."""
-        p, s = self.recipe.patch, self.image_size
-        return ((F.fold(tokens.transpose(1, 2), (s, s), kernel_size=p, stride=p) + 1) / 2).clamp(0, 1)
+        return from_patches(tokens, self.recipe.patch, self.image_size)
 
     # ---- the ContinuousARTeacher protocol -------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

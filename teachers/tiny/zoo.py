@@ -4,6 +4,7 @@ import dataclasses
 from teachers.tiny.image_ar import ImageARRecipe, ImageARTeacher
 from teachers.tiny.image_dit import ImageDiTRecipe, ImageDiTTeacher
 from teachers.tiny.image_mar import ImageMARRecipe, ImageMARTeacher
+from teachers.tiny.image_masked_mar import MaskedMARRecipe, MaskedMARTeacher
 from teachers.tiny.image_var import ImageVARRecipe, ImageVARTeacher
 from teachers.tiny.text_gpt import TextGPTTeacher
 from teachers.tiny.text_lm import TextLMRecipe
@@ -43,6 +44,13 @@ class DigitsMARClass(ImageMARTeacher):
     """Class-conditional MAR-style target + draft over 64 continuous 2x2-patch tokens of digits (16x16)."""
 
     recipe = ImageMARRecipe(dataset="digits")
+
+
+class DigitsMaskedMARClass(MaskedMARTeacher):
+    """Class-conditional MAR target + draft (bidirectional, random order) over 64 continuous 2x2-patch tokens of
+    digits (16x16)."""
+
+    recipe = MaskedMARRecipe()
 
 
 class DigitsVARClass(ImageVARTeacher):
