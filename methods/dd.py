@@ -13,10 +13,14 @@ Pipeline (shared/notes/dd_distilled_decoding.md):
    of the first step's output by ordinary sampling before the second step. Positions before `split` read the
    logits head, the rest the embedding head (App. B: logits are good early in the sequence, embeddings late).
 Pairs and students are cached by everything that determines them.
+
+On a VAR teacher (`multiscale_vq`, the paper's VAR-d16/20/24-DD) a step is a scale: t, t2, ts and split count scales,
+the pairs map every token of a scale at once, and the student is `dd_student.VARDDStudent`.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -32,8 +36,8 @@ from bench.samples import Samples
 from bench.training import ema_decay, optimizer_step, warmup_cosine
 from methods.base import Method
 from methods.dd_pairs import PairKnobs, generate_pairs, rollout
-from methods.dd_student import DDStudent
-from teachers.families import ar_token
+from methods.dd_student import DDStudent, VARDDStudent
+from teachers.families import ar_token, multiscale_vq
 from teachers.families.ar_token import draw
 
 STUDENT_VERSION = 2  # bump when training code changes what a config produces
@@ -42,10 +46,14 @@ T2_FRACTION = 81 / 256  # the paper's LlamaGen intermediate timestep, as a fract
 # tokens). Measured on digits-ar-c2i (sweeps/specs/dd-split.yaml, 3 seeds x 360 samples, teacher FID 1.40): DD-1 FID
 # 4.00 with logits everywhere, 3.07 with embeddings everywhere, lowest at n/2 (1.89; 1.98 at 5n/8, 2.17 at 3n/8).
 SPLIT_FRACTION = 0.5
+# VAR: the paper's 2-step set {1, 6} of 10 scales reads 5 known scales, 55 of 680 tokens; t2 defaults to the step
+# whose known tokens are the nearest fraction. The released VAR-DD splits at 4 to 9 of 10 scales; the default is
+# half the scales (not measured on digits-var-c2i).
+VAR_T2_TOKENS = 55 / 680
 
 
-def refuse_greedy(s: ar_token.SamplingConfig, method: str) -> None:
-    if s.greedy:
+def refuse_greedy(s, method: str) -> None:
+    if getattr(s, "greedy", False):
         raise ValueError(f"greedy must be false: {method} learns from teacher samples drawn from noise")
 
 
@@ -84,6 +92,13 @@ class DDConfig(PairKnobs):
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
 
 
+@dataclass(frozen=True)
+class VARDDConfig(DDConfig):
+    """DD on a VAR teacher: the same knobs, steps counted in scales, over VAR's sampling settings."""
+
+    sampling: multiscale_vq.SamplingConfig = multiscale_vq.SamplingConfig()
+
+
 # with the pairs: everything that determines the student
 TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout", "train_seed")
 
@@ -101,25 +116,39 @@ class DD(Method):
     """Distilled Decoding: a flow-matching-distilled student samples all tokens in 1-2 steps (arXiv:2412.17153)."""
 
     headline = True
-    families = (ar_token.FAMILY,)
+    families = (ar_token.FAMILY, multiscale_vq.FAMILY)
     modalities = ("image",)  # flows into the tokenizer's code vectors
     Config = DDConfig
     key_knobs = ("steps", "t2", "ts")
     needs = ("network", "codebook")  # the student is built from the network and flows into the code vectors
 
+    @classmethod
+    def config_class(cls, family) -> type:
+        return VARDDConfig if family is multiscale_vq.FAMILY else DDConfig
+
     def __init__(self, teacher, config: DDConfig):
         super().__init__(teacher, config)
-        n = teacher.seq_len
-        self.t2 = config.t2 or max(2, round(T2_FRACTION * n))
+        self.var = teacher.family is multiscale_vq.FAMILY
+        # known[t - 1]: the data tokens of X_t (t - 1 steps known); a step is a token, or a scale on VAR
+        self.known = [0, *itertools.accumulate(p * p for p in teacher.patch_nums)] if self.var else list(
+            range(teacher.seq_len + 1))
+        n, unit = len(self.known) - 1, "scales" if self.var else "tokens"
+        default_t2 = (min(range(2, n + 1), key=lambda t: abs(self.known[t - 1] / teacher.seq_len - VAR_T2_TOKENS))
+                      if self.var else max(2, round(T2_FRACTION * n)))
+        self.t2 = config.t2 or default_t2
         if not 2 <= self.t2 <= n:
-            raise UserError(f"dd: t2 must be in [2, {n}] for a teacher of {n} tokens, got {self.t2}")
+            raise UserError(f"dd: t2 must be in [2, {n}] for a teacher of {n} {unit}, got {self.t2}")
         if config.ts and not config.ts < self.t2:
             raise UserError(f"dd: ts must be < t2 = {self.t2}, got {config.ts}")
-        self.split = round(SPLIT_FRACTION * n) if config.split == -1 else config.split
-        if self.split > n:
-            raise UserError(f"dd: split must be in [0, {n}] (-1: {SPLIT_FRACTION} * n) for a teacher of {n} tokens, "
-                            f"got {self.split}")
-        self.student: DDStudent | None = None
+        split = round(SPLIT_FRACTION * n) if config.split == -1 else config.split
+        if split > n:
+            raise UserError(f"dd: split must be in [0, {n}] (-1: {SPLIT_FRACTION} * n) for a teacher of {n} {unit}, "
+                            f"got {split}")
+        self.split = self.known[split]  # in tokens
+        self.student: DDStudent | VARDDStudent | None = None
+
+    def _new_student(self, dropout: float = 0.0) -> DDStudent | VARDDStudent:
+        return (VARDDStudent if self.var else DDStudent)(self.teacher.network, self.teacher.codebook, dropout)
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
         """The student, cached; the pairs are generated (or loaded) only when it has to be trained."""
@@ -129,7 +158,7 @@ class DD(Method):
                     STUDENT_VERSION)
         blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(cache))
         with seeded(cfg.train_seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
-            self.student = DDStudent(self.teacher.network, self.teacher.codebook)
+            self.student = self._new_student()
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
         return {**{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
@@ -144,16 +173,16 @@ class DD(Method):
         device = self.teacher.codebook.device
         g = torch.Generator(device).manual_seed(cfg.train_seed)
         with seeded(cfg.train_seed):  # dropout and new-module init draw from the global generators
-            student = DDStudent(self.teacher.network, self.teacher.codebook, cfg.dropout)
+            student = self._new_student(cfg.dropout)
             ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
             params = [p for p in student.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
             sched = warmup_cosine(opt, cfg.train_steps)
-            timesteps = torch.tensor([1, self.t2], device=device)  # the trained set {t_1 = 1, t2} (paper: L = 2)
+            known_at = torch.tensor([0, self.known[self.t2 - 1]], device=device)  # of the trained set {1, t2} (L = 2)
             tokens, noise, cond = pairs.tokens.long(), pairs.noise.float(), pairs.cond
             for _ in range(cfg.train_steps):
                 idx = torch.randint(len(tokens), (cfg.batch,), generator=g, device=device).cpu()
-                known = timesteps[torch.randint(len(timesteps), (cfg.batch,), generator=g, device=device)] - 1  # t - 1
+                known = known_at[torch.randint(len(known_at), (cfg.batch,), generator=g, device=device)]
                 batch = tokens[idx].to(device)  # (B, n)
                 x, is_data = student.inputs(batch, noise[idx].to(device), known)
                 logits, emb = student(cond[idx].to(device), x, is_data)
@@ -181,12 +210,27 @@ class DD(Method):
         if cfg.ts:
             passes += self._teacher_segment(cond, tokens, generator)
         if cfg.steps == 2:
-            tokens, passes = student.predict(cond, tokens, noise, self.t2 - 1, self.split), passes + 1
+            tokens, passes = student.predict(cond, tokens, noise, self.known[self.t2 - 1], self.split), passes + 1
         return Samples(tokens, cond, Counter(nfe=B * passes, tokens=B * n))
 
     def _teacher_segment(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
-        """Tokens ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes."""
+        """Steps ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes."""
         ts, t2 = self.config.ts, self.t2
+        if self.var:
+            return self._teacher_scales(cond, tokens, generator)
         tokens[:, ts - 1 : t2 - 1] = rollout(self.teacher, cond, self.config.sampling, t2 - ts,
                                              lambda i, probs: draw(probs, generator), prefix=tokens[:, : ts - 1])
         return (t2 - ts) + (ts > 1)  # one pass per token, one more to read a non-empty prefix
+
+    def _teacher_scales(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
+        """`_teacher_segment` on VAR: the sampler reads scales 1..ts-1 and draws scales ts..t2-1."""
+        t, s, K = self.teacher, self.config.sampling, len(self.teacher.patch_nums)
+        state, logits = t.start(cond, cfg=s.cfg != 0)
+        for si in range(self.t2 - 1):
+            scale = slice(self.known[si], self.known[si + 1])
+            if si >= self.config.ts - 1:
+                tokens[:, scale] = draw(multiscale_vq.process(
+                    multiscale_vq.guide(logits, len(cond), s.cfg, si, K), s), generator)
+            if si + 1 < self.t2 - 1:
+                logits = t.next_scale(state, tokens[:, scale])
+        return self.t2 - 1  # one pass per scale read or drawn

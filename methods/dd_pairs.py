@@ -1,7 +1,9 @@
 """The (noise, data) pair dataset of Distilled Decoding (Liu et al., arXiv:2412.17153, Algorithm 1).
 
 The teacher runs token by token with its KV cache; each token is q_i = FM(eps_i, p(. | q_<i)) (`token_flow.flow_map`)
-instead of a random draw, so a sequence is a deterministic function of its noise (n, C) and its condition. The DD
+instead of a random draw, so a sequence is a deterministic function of its noise (n, C) and its condition. On a VAR
+teacher (`multiscale_vq`) a step is a scale: all its tokens are mapped at once, each from its own noise and its own
+conditional given the earlier scales (the note's Sec. 1.3). The DD
 student learns this map; the onestep* and skip-n baselines read the teacher-sample marginals off the same tokens.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from bench.cache import Cache, keyed
 from methods.token_flow import FlowConfig, Solver, flow_map
+from teachers.families import multiscale_vq
 from teachers.families.ar_token import SamplingConfig, process
 
 VERSION = 1  # bump when a change alters the pairs a PairConfig produces
@@ -84,7 +87,7 @@ def rollout(teacher, cond: torch.Tensor, sampling: SamplingConfig, n_tokens: int
     return tokens
 
 
-def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: SamplingConfig,
+def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling,
               flow: FlowConfig) -> torch.Tensor:
     """Eq. 5 to the end: noise (B, n, C) and cond (B, P) -> the teacher's tokens (B, n), deterministically.
 
@@ -92,8 +95,27 @@ def map_noise(teacher, noise: torch.Tensor, cond: torch.Tensor, sampling: Sampli
     the digits teacher gave identical tokens for batches of 1, 7, 64 and 256).
     """
     codebook = teacher.codebook
+    if teacher.family is multiscale_vq.FAMILY:
+        return _map_scales(teacher, noise, cond, sampling, flow)
     return rollout(teacher, cond, sampling, teacher.seq_len,
                    lambda i, probs: flow_map(noise[:, i], probs, codebook, flow))
+
+
+@torch.inference_mode()
+def _map_scales(teacher, noise: torch.Tensor, cond: torch.Tensor, s: multiscale_vq.SamplingConfig,
+                flow: FlowConfig) -> torch.Tensor:
+    """`map_noise` scale by scale: VAR's sampler (CFG ramp, top-k, top-p) with the flow map in place of the draw."""
+    B, K = len(cond), len(teacher.patch_nums)
+    state, logits = teacher.start(cond, cfg=s.cfg != 0)
+    tokens, at = [], 0
+    for si, pn in enumerate(teacher.patch_nums):
+        probs = multiscale_vq.process(multiscale_vq.guide(logits, B, s.cfg, si, K), s)  # (B, pn^2, V)
+        ids = flow_map(noise[:, at : at + pn * pn].flatten(0, 1), probs.flatten(0, 1), teacher.codebook, flow)
+        tokens.append(ids.view(B, pn * pn))
+        at += pn * pn
+        if si + 1 < K:
+            logits = teacher.next_scale(state, tokens[-1])
+    return torch.cat(tokens, 1)
 
 
 def pair_inputs(teacher, cfg: PairConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +133,7 @@ def pair_inputs(teacher, cfg: PairConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(conds), torch.cat(noise)
 
 
-def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache, noise: bool = False) -> Pairs:
+def generate_pairs(teacher, s, cfg: PairConfig, *, cache: Cache, noise: bool = False) -> Pairs:
     """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg
     (methods with different knobs of their own share the pairs); the noise only with `noise` (DD's training)."""
     key = keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION)
@@ -125,7 +147,7 @@ def generate_pairs(teacher, s: SamplingConfig, cfg: PairConfig, *, cache: Cache,
     return Pairs(eps, blob["tokens"].long(), blob["cond"], {**blob["info"], "cached": cached})
 
 
-def _generate(teacher, s: SamplingConfig, cfg: PairConfig) -> dict:
+def _generate(teacher, s, cfg: PairConfig) -> dict:
     t0, device = time.perf_counter(), teacher.codebook.device
     cond, noise = pair_inputs(teacher, cfg)
     tokens = [map_noise(teacher, noise[i : i + cfg.batch].to(device), cond[i : i + cfg.batch].to(device), s,

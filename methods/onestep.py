@@ -7,7 +7,9 @@ of the DD pair dataset (`methods.dd_pairs`, Algorithm 1), so the marginals are t
 settings as the reference arm. A condition absent from the pairs falls back to the marginal over all conditions.
 
 Steps: one parallel step per sample (nfe = 1, as the paper's "#Step 1"), though it runs no network at all; the
-runner's step speed-up is then the teacher's N forward passes over 1.
+runner's step speed-up is then the teacher's N forward passes over 1. On a VAR teacher (the paper's VAR-onestep*)
+the positions are those of all scales; the marginals are dense, (conditions + 1) x L x V, so VAR-d16's 1000 classes
+(22 GB in float64) are refused before any work beyond `MAX_MARGINALS` values.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from bench.cache import Cache
+from bench.errors import UserError
 from bench.samples import Samples
 from methods.base import Method
 from methods.dd import refuse_greedy
 from methods.dd_pairs import PairKnobs, generate_pairs
-from teachers.families import ar_token
+from teachers.families import ar_token, multiscale_vq
 from teachers.families.ar_token import draw
 
 
@@ -34,6 +37,14 @@ class OneStepConfig(PairKnobs):
     def __post_init__(self):
         super().__post_init__()
         refuse_greedy(self.sampling, "onestep*")
+
+
+@dataclass(frozen=True)
+class VAROneStepConfig(OneStepConfig):
+    sampling: multiscale_vq.SamplingConfig = multiscale_vq.SamplingConfig()
+
+
+MAX_MARGINALS = 2**28  # float64 values (2 GiB) of a dense marginal table
 
 
 @dataclass
@@ -69,6 +80,10 @@ class FromPairs(Method):
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
         t = self.teacher
+        rows = min(self.config.n_pairs, getattr(t, "n_classes", self.config.n_pairs)) + 1
+        if rows * t.seq_len * t.vocab_size > MAX_MARGINALS:
+            raise UserError(f"{type(self).__name__}: the marginals of {rows - 1} conditions x {t.seq_len} positions x "
+                            f"{t.vocab_size} tokens exceed {MAX_MARGINALS} values; use fewer n_pairs")
         pairs = generate_pairs(t, self.config.sampling, self.config.pairs, cache=cache)
         self.marginals = Marginals.count(pairs.tokens, pairs.cond, t.vocab_size)
         return {f"pairs_{k}": float(v) for k, v in pairs.info.items()}
@@ -82,10 +97,14 @@ class FromPairs(Method):
 class OneStep(FromPairs):
     """Every token at once, independently, from its per-condition teacher-sample marginal (Prop. 3.1's optimum)."""
 
-    families = (ar_token.FAMILY,)
+    families = (ar_token.FAMILY, multiscale_vq.FAMILY)
     modalities = ("image",)  # the pairs flow into the tokenizer's code vectors
     Config = OneStepConfig
     key_knobs = ("n_pairs",)
+
+    @classmethod
+    def config_class(cls, family) -> type:
+        return VAROneStepConfig if family is multiscale_vq.FAMILY else OneStepConfig
 
     def sample(self, cond, *, generator):
         tokens = draw(self.fitted().of(cond), generator)  # (B, n)

@@ -81,9 +81,8 @@ def test_full_size_key_sets_equal_the_official_ones(depth):
 
 
 def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
-    """`tiny-var` (tests/plugins.py) by `ar` (the next-scale sampler, CFG ramp) and `skip-scales` into MLflow and a
-    report; the missing
-    files of `var-d30` are one line."""
+    """`tiny-var` (tests/plugins.py) by `ar` (the next-scale sampler, CFG ramp), `skip-scales`, `dd` (2 steps) and
+    `onestep*` into MLflow and a report; the missing files of `var-d30` are one line."""
     from mlflow.tracking import MlflowClient
 
     from bench import cli
@@ -94,10 +93,14 @@ def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
             "--param", "cfg=1.5", "--param", "top_k=20"]
     assert cli.main(args) == 0
     assert cli.main([*args[:4], "skip-scales", *args[5:], "--param", "skip=1"]) == 0
+    fast = ["--param", "n_pairs=64", "--param", "train_steps=5", "--param", "batch=8", "--param", "solver_steps=2"]
+    assert cli.main([*args[:4], "dd", *args[5:], *fast, "--param", "steps=2"]) == 0
+    assert cli.main([*args[:4], "onestep*", *args[5:], "--param", "n_pairs=64"]) == 0
     client = MlflowClient(store)
     runs = {r.data.params["method"]: r for r in client.search_runs([client.get_experiment_by_name("var").experiment_id])}
     assert runs["ar"].data.metrics["nfe_per_sample"] == 4 and runs["ar"].data.tags["family"] == "multiscale-vq"
     assert runs["skip-scales"].data.metrics["nfe_per_sample"] == 3
+    assert runs["dd"].data.metrics["nfe_per_sample"] == 2 and runs["onestep*"].data.metrics["nfe_per_sample"] == 1
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "var", "--out", str(tmp_path / "r")]) == 0
     assert "## tiny-var" in (tmp_path / "r" / "REPORT.md").read_text()
     capsys.readouterr()

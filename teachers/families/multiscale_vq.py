@@ -87,6 +87,11 @@ class NetworkTeacher:
         state = ScaleState([{} for _ in self.network.blocks], emb, f_hat, 0)
         return state, self.network.step(self.network.first_input(emb), emb, state.caches)
 
+    @property
+    def codebook(self) -> torch.Tensor:
+        """(V, Cvae) the code vectors behind the ids, shared by the scales (DD flows into them)."""
+        return self.vq.quantize.embedding.weight
+
     @torch.inference_mode()
     def next_scale(self, state: ScaleState, tokens: torch.Tensor) -> torch.Tensor:
         state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
