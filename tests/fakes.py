@@ -237,7 +237,6 @@ class LinearGaussianMasked:
 def tiny_masked_mar_teacher(seed=0, same=False, device="cpu"):
     """An untrained MAR pair (the real network: bidirectional encoder-decoder with a ragged known set, diffusion head,
     CFG branches) on 8x8 images of 2x2 patches (16 tokens); `same=True` makes the draft the target itself."""
-    from teachers.networks.mar import MAR
     from teachers.tiny.image_masked_mar import MaskedMARRecipe, MaskedMARTeacher, ModelSize
 
     size = ModelSize(width=16, depth=1, heads=2, head_width=16, head_depth=1)
@@ -246,7 +245,7 @@ def tiny_masked_mar_teacher(seed=0, same=False, device="cpu"):
         recipe = MaskedMARRecipe(image_size=8, target=size, draft=size, buffer_size=2)
 
     torch.manual_seed(seed)
-    target, draft = MAR(Tiny.config(size, 10)), MAR(Tiny.config(size, 10))
+    target, draft = Tiny._model(size, 10), Tiny._model(size, 10)
     for m in (target, draft):
         for p in m.parameters():  # zero-initialised parts (positions, the head's output) must matter too
             p.data.add_(0.3 * torch.randn_like(p))

@@ -9,20 +9,22 @@ from scipy import stats
 from bench.config import build_config
 from bench.errors import UserError
 from methods.cspd import CSpD, CSpDConfig, MaskedCSpDConfig
-from teachers.families import masked_ar
-from teachers.families.continuous_ar import SamplingConfig, sample_ar
 from tests.fakes import LinearGaussianAR, LinearGaussianMasked, make_config, tiny_mar_teacher, tiny_masked_mar_teacher
 
 
 def _run(teacher, n, seed=0, **knobs):
+    """CSpD on either family (its config for the teacher's family)."""
     cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
-    method = CSpD(teacher, make_config(CSpDConfig, **knobs))
+    method = CSpD(teacher, make_config(CSpD.config_class(teacher.family), **knobs))
     return method.sample(cond, generator=torch.Generator().manual_seed(seed + 1))
 
 
 def _ar(teacher, n, seed=0, **sampling):
+    """The family's own sampler: the target alone (`ar`, or MAR's on the masked family)."""
     cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
-    return sample_ar(teacher, cond, SamplingConfig(**sampling), generator=torch.Generator().manual_seed(seed + 1))
+    family = teacher.family
+    return family.sample(teacher, cond, family.SamplingConfig(**sampling),
+                         generator=torch.Generator().manual_seed(seed + 1))
 
 
 @pytest.mark.parametrize("mode", ["exact", "paper", "released"])
@@ -126,18 +128,6 @@ def test_the_released_modes_remaining_difference_is_named_for_the_run():
 
 
 # ---- the masked family (MAR: random order, bidirectional) -------------------------------------------------------
-def _run_masked(teacher, n, seed=0, **knobs):
-    cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
-    method = CSpD(teacher, make_config(MaskedCSpDConfig, **knobs))
-    return method.sample(cond, generator=torch.Generator().manual_seed(seed + 1))
-
-
-def _mar(teacher, n, seed=0, **sampling):
-    cond = teacher.conditions(n, torch.Generator().manual_seed(seed))
-    return masked_ar.sample_mar(teacher, cond, masked_ar.SamplingConfig(**sampling),
-                                generator=torch.Generator().manual_seed(seed + 1))
-
-
 @pytest.mark.parametrize("mode", ["exact", "paper"])
 @pytest.mark.parametrize("make", [lambda: LinearGaussianMasked(seq_len=12, same=True),
                                   lambda: tiny_masked_mar_teacher(same=True)], ids=["linear", "tiny-mar"])
@@ -145,8 +135,8 @@ def _mar(teacher, n, seed=0, **sampling):
 def test_on_the_masked_family_a_draft_equal_to_the_target_is_always_accepted_and_reproduces_mar(mode, make, gamma):
     teacher = make()
     knobs = dict(steps=4, cfg=2.0)
-    out = _run_masked(teacher, 6, gamma=gamma, mode=mode, **knobs)
-    ref = _mar(teacher, 6, **knobs)
+    out = _run(teacher, 6, gamma=gamma, mode=mode, **knobs)
+    ref = _ar(teacher, 6, **knobs)
     # The same order and noise: every draft accepted, the output IS MAR's (up to the rounding of a batched pass).
     assert torch.allclose(out.data, ref.data, atol=1e-3)
     c, N, B = out.counters, teacher.seq_len, 6
@@ -166,21 +156,21 @@ def test_on_the_masked_family_exact_samples_mars_law_and_paper_and_released_do_n
     the released runner (prefix-only target, Sigma inverted, /42, no truncation) draw another."""
     teacher = LinearGaussianMasked(seq_len=3, draft_shift=0.25, draft_sigma=1.4)
     n = 20000
-    ref = _mar(teacher, n, steps=6).data
-    exact = _run_masked(teacher, n, gamma=2, steps=6, mode="exact", seed=1)
+    ref = _ar(teacher, n, steps=6).data
+    exact = _run(teacher, n, gamma=2, steps=6, mode="exact", seed=1)
     assert 0.2 < exact.counters["drafts_accepted"] / exact.counters["drafts_verified"] < 0.9  # a real test
     for pos in range(3):
         assert stats.ks_2samp(exact.data[:, pos, 0], ref[:, pos, 0]).pvalue > 1e-3
     assert abs(_lag1_corr(exact.data) - _lag1_corr(ref)) < 0.03
     for mode in ("paper", "released"):
-        biased = _run_masked(teacher, n, gamma=2, steps=6, mode=mode, seed=2).data
+        biased = _run(teacher, n, gamma=2, steps=6, mode=mode, seed=2).data
         worst = min(stats.ks_2samp(biased[:, pos, 0], ref[:, pos, 0]).pvalue for pos in range(3))
         assert worst < 1e-6, mode
 
 
 def test_released_on_the_masked_family_advances_every_window_and_names_no_caveat():
     teacher = LinearGaussianMasked(seq_len=12)
-    out = _run_masked(teacher, 4, gamma=4, mode="released", prefill=0.1)  # pre-fill steps 0, 1; windows end 4, 8, 11
+    out = _run(teacher, 4, gamma=4, mode="released", prefill=0.1)  # pre-fill steps 0, 1; windows end 4, 8, 11
     assert out.counters["nfe"] == 4 * (2 + 3) and out.counters["drafts"] == out.counters["drafts_verified"] == 4 * 10
     assert CSpD(teacher, make_config(MaskedCSpDConfig, mode="released")).caveats() == {}
 
@@ -189,5 +179,5 @@ def test_exact_and_paper_on_the_masked_family_need_one_token_per_step():
     with pytest.raises(UserError, match="one token per step"):
         build_config(MaskedCSpDConfig, {"mode": "exact", "num_iter": 4}, owner="cspd")
     build_config(MaskedCSpDConfig, {"mode": "released", "num_iter": 4}, owner="cspd")  # MAR's multi-token steps
-    out = _run_masked(LinearGaussianMasked(seq_len=8), 3, mode="released", num_iter=4, gamma=2)
+    out = _run(LinearGaussianMasked(seq_len=8), 3, mode="released", num_iter=4, gamma=2)
     assert out.data.shape == (3, 8, 1) and out.counters["drafts"] == 3 * (8 - 1)  # step 0 (one token) pre-filled

@@ -129,10 +129,6 @@ class NetworkModel:
     def __init__(self, network):
         self.network = network.eval().requires_grad_(False)
 
-    @property
-    def n_params(self) -> int:
-        return sum(p.numel() for p in self.network.parameters())
-
     @torch.inference_mode()
     def condition(self, tokens, known, cond, *, guided):
         B = len(cond)

@@ -1,15 +1,13 @@
 """Tiny MAR-style continuous-token AR image teachers (Li et al., arXiv:2406.11838) for CSpD (arXiv:2411.11925).
 
-Tokens are raw image patches scaled to [-1, 1] (MAR also runs on patches; no autoencoder keeps everything
-deterministic), in raster order. A target and a smaller draft are trained on the same data with the same recipe:
-a causal transformer (`teachers.networks.gpt`) gives the condition vector z of every position, MAR's diffusion head
+Tokens are raw image patches scaled to [-1, 1], in raster order (`teachers.tiny.patch_pair`). A target and a smaller
+draft are trained on the same data with the same recipe: a causal transformer (`teachers.networks.gpt`) gives the condition vector z of every position, MAR's diffusion head
 (`teachers.networks.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both
 models are trained and cached together on first use.
 """
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -17,12 +15,10 @@ import torch
 import torch.nn as nn
 
 from bench.cache import Cache
-from bench.training import optimizer_step, training_steps, warmup_cosine
-from teachers.data.images import caption_table, from_patches, load_image_dataset, to_patches
 from teachers.families import continuous_ar
 from teachers.networks.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
 from teachers.networks.gpt import GPT, GPTConfig, GuidedState
-from teachers.tiny.recipes import RecipeTeacher
+from teachers.tiny.patch_pair import PatchPairTeacher
 
 NULL = 0  # the unconditional class id; class c is c + 1
 
@@ -58,10 +54,6 @@ class DiffusionAR(nn.Module):
         super().__init__()
         self.gpt, self.head = GPT(gpt), DiffusionHead(head)
 
-    @property
-    def n_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
     def loss(self, cond, tokens, mul: int, generator) -> torch.Tensor:
         """cond (B, P), tokens (B, N, D): the head's loss on every token, `mul` diffusion steps each."""
         z = self.gpt(cond, tokens)  # (B, N, d)
@@ -94,21 +86,15 @@ class DiffusionAR(nn.Module):
                        final_std=sampling.final_std)
 
 
-class ImageMARTeacher(RecipeTeacher):
+class ImageMARTeacher(PatchPairTeacher):
     family: ClassVar = continuous_ar.FAMILY
-    modality: ClassVar[str] = "image"
     recipe: ClassVar[ImageMARRecipe]
+    class_offset: ClassVar[int] = 1  # id 0 is NULL
 
     def __init__(self, name: str, target: DiffusionAR, draft: DiffusionAR, info: dict):
-        self.name, self.info = name, info
+        self._setup(name, info)
         self.target, self.draft = target.eval(), draft.eval()
-        r = self.recipe
-        self.grid = (r.image_size // r.patch, r.image_size // r.patch)
-        self.seq_len, self.token_dim = self.grid[0] * self.grid[1], r.patch * r.patch
-        self.dataset_name, self.image_size = r.dataset, r.image_size
-        self.n_classes = len(caption_table(r.dataset))
 
-    # ---- building -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device):
         blob = cls.cached_blob(name, cache)
@@ -120,26 +106,6 @@ class ImageMARTeacher(RecipeTeacher):
         return cls(name, models["target"], models["draft"], blob["info"])
 
     @classmethod
-    def _fit(cls, name: str, cache: Cache) -> dict:
-        r, t0 = cls.recipe, time.perf_counter()
-        train = load_image_dataset(r.dataset, "train", r.image_size)
-        test = load_image_dataset(r.dataset, "test", r.image_size)
-        blob, info = {}, {}
-        for which in ("target", "draft"):
-            model = cls._model(getattr(r, which), len(train.class_names))
-            train_loss = cls._fit_model(name, which, model, cls.patchify(train.images), train.labels)
-            model.eval()
-            with torch.no_grad():
-                g = torch.Generator().manual_seed(r.seed)
-                test_loss = model.loss(test.labels[:, None] + 1, cls.patchify(test.images), 4, g).item()
-            blob[which] = {"gpt": dataclasses.asdict(model.gpt.cfg), "head": dataclasses.asdict(model.head.cfg),
-                           "state_dict": model.state_dict()}
-            info |= {f"{which}_train_loss": train_loss, f"{which}_test_loss": test_loss,
-                     f"{which}_n_params": model.n_params}
-        blob["info"] = info | {"train_seconds": time.perf_counter() - t0}
-        return blob
-
-    @classmethod
     def _model(cls, size: ModelSize, n_classes: int) -> DiffusionAR:
         r = cls.recipe
         D, N = r.patch * r.patch, (r.image_size // r.patch) ** 2
@@ -148,35 +114,13 @@ class ImageMARTeacher(RecipeTeacher):
         return DiffusionAR(gpt, HeadConfig(D, size.n_embd, size.head_width, size.head_depth, clip=1.0))
 
     @classmethod
-    def _fit_model(cls, name: str, which: str, model: DiffusionAR, tokens: torch.Tensor,
-                   labels: torch.Tensor) -> float:
-        r = cls.recipe
-        g = torch.Generator().manual_seed(r.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0, betas=(0.9, 0.95))
-        sched = warmup_cosine(opt, r.steps)
-        model.train()
-        for _ in training_steps(r.steps, f"training {which} of {name}"):
-            idx = torch.randint(len(tokens), (r.batch_size,), generator=g)
-            cond = labels[idx, None] + 1
-            cond[torch.rand(r.batch_size, generator=g) < r.cond_dropout] = NULL
-            loss = model.loss(cond, tokens[idx], r.head_batch_mul, g)
-            optimizer_step(loss, opt, sched, model.parameters())
-        return loss.item()
+    def _describe(cls, model: DiffusionAR) -> dict:
+        return {"gpt": dataclasses.asdict(model.gpt.cfg), "head": dataclasses.asdict(model.head.cfg)}
 
-    # ---- tokens <-> images ----------------------------------------------------------------------------------
     @classmethod
-    def patchify(cls, images: torch.Tensor) -> torch.Tensor:
-        return to_patches(images, cls.recipe.patch)
-
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        return from_patches(tokens, self.recipe.patch, self.image_size)
-
-    # ---- the ContinuousARTeacher protocol -------------------------------------------------------------------
-    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n uniformly drawn classes as condition ids (n, 1), on the generator's device."""
-        return torch.randint(self.n_classes, (n, 1), generator=generator, device=generator.device) + 1
-
-    def captions(self, cond: torch.Tensor) -> list[str]:
-        """A class condition reads as the class's first caption template (text-image metrics need the prompt)."""
-        table = caption_table(self.dataset_name)
-        return [table[c - 1][0] for c in cond[:, 0].tolist()]
+    def _loss(cls, model: DiffusionAR, tokens, labels, mul: int, cond_dropout: float, generator) -> torch.Tensor:
+        """The head's loss on every token of a batch (B, N, D), `mul` diffusion steps each; classes dropped to NULL."""
+        cond = labels[:, None] + 1
+        if cond_dropout:
+            cond[torch.rand(len(cond), generator=generator) < cond_dropout] = NULL
+        return model.loss(cond, tokens, mul, generator)
