@@ -1,7 +1,7 @@
-"""CSpD (arXiv:2411.11925) on the MAR-style digits teacher: acceptance and speed-up against gamma and batch size, and a
-two-sample test of `exact` mode against the target alone.
+"""CSpD (arXiv:2411.11925) on a digits pair (`digits-mar-c2i`, causal, or `digits-mar-masked-c2i`, MAR): acceptance and
+speed-up against gamma and batch size, and a two-sample test of `exact` mode against the target alone.
 
-Speed: for each batch size and gamma, CSpD and the target-alone sampler (`ar`) take turns on the same batches in one
+Speed: for each batch size and gamma, CSpD and the target-alone sampler (the family's: `ar` or `mar`) take turns on the same batches in one
 process (1 torch thread); reported are the acceptance rate alpha (accepted / verified drafts), target and draft
 transformer passes per image, target/draft head chains per image, and the wall-clock ratio ar / CSpD.
 
@@ -9,7 +9,7 @@ Losslessness: `exact` samples and `ar` samples (different seeds) are compared by
 (Gaussian kernel, median bandwidth) of the dataset classifier's features; its power is checked on arms that should be
 told apart: the draft model alone, and `released` mode against its own target-alone arm.
 
-    python benchmarks/cspd_gamma.py [--gammas 1 2 4 8 16] [--batch-sizes 1 64] [--modes exact released]
+    python benchmarks/cspd_gamma.py [--teacher digits-mar-c2i] [--gammas 1 2 4 8 16] [--batch-sizes 1 64] [--modes exact released]
                                     [--two-sample 360]
 """
 from __future__ import annotations
@@ -22,17 +22,17 @@ import torch
 from bench.cache import Cache
 from bench.config import build_config
 from bench.registry import TEACHERS
-from methods.cspd import CSpD, CSpDConfig
+from methods.cspd import CSpD
 from metrics.features import embed, load_extractor
-from teachers.families.continuous_ar import sample_ar
 
 
-def _speed(teacher, cfg: CSpDConfig, batch: int, n: int) -> dict:
+def _speed(teacher, cfg, batch: int, n: int) -> dict:
     cond = teacher.conditions(n, torch.Generator().manual_seed(0))
     method, sampling = CSpD(teacher, cfg), cfg.sampling
     g_m, g_r = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    own = teacher.family.sample  # the target alone
     method.sample(cond[:batch], generator=torch.Generator().manual_seed(9))  # warm-up, both arms
-    sample_ar(teacher, cond[:batch], sampling, generator=torch.Generator().manual_seed(9))
+    own(teacher, cond[:batch], sampling, generator=torch.Generator().manual_seed(9))
     t_m = t_r = 0.0
     counts, ref_nfe = {}, 0
     for i in range(0, n, batch):
@@ -41,7 +41,7 @@ def _speed(teacher, cfg: CSpDConfig, batch: int, n: int) -> dict:
         out = method.sample(c, generator=g_m)
         t_m += time.perf_counter() - t0
         t0 = time.perf_counter()
-        ref = sample_ar(teacher, c, sampling, generator=g_r)
+        ref = own(teacher, c, sampling, generator=g_r)
         t_r += time.perf_counter() - t0
         for k, v in out.counters.items():
             counts[k] = counts.get(k, 0) + v
@@ -77,14 +77,15 @@ def _two_sample(teacher, n: int, cfg_scale: float, cache: Cache) -> list[tuple[s
     def feats(samples):
         return embed(extractor, teacher.decode(samples.data), device=torch.device("cpu"))
 
-    def arm(cfg: CSpDConfig | None, seed: int, model: str = "target"):
+    def arm(cfg, seed: int, model: str = "target"):
         g = torch.Generator().manual_seed(seed)
         if cfg is None:
-            return feats(sample_ar(teacher, cond, base.sampling, generator=g, model=model))
+            return feats(teacher.family.sample(teacher, cond, base.sampling, generator=g, model=model))
         return feats(CSpD(teacher, cfg).sample(cond, generator=g))
 
-    base = build_config(CSpDConfig, {"cfg": cfg_scale, "gamma": 4}, owner="cspd")
-    released = build_config(CSpDConfig, {"cfg": cfg_scale, "gamma": 4, "mode": "released", "final_noise": False},
+    config_cls = CSpD.config_class(teacher.family)
+    base = build_config(config_cls, {"cfg": cfg_scale, "gamma": 4}, owner="cspd")
+    released = build_config(config_cls, {"cfg": cfg_scale, "gamma": 4, "mode": "released", "final_noise": False},
                             owner="cspd")
     ar_a, ar_b = arm(None, 1), arm(None, 2)
     rows = [("ar vs ar (another seed): null", *_mmd_permutation_test(ar_a, ar_b)),
@@ -115,7 +116,7 @@ def main() -> None:
         for batch in args.batch_sizes:
             n = args.images or (8 if batch == 1 else 2 * batch)
             for gamma in args.gammas:
-                cfg = build_config(CSpDConfig, {"cfg": args.cfg, "gamma": gamma, "mode": mode,
+                cfg = build_config(CSpD.config_class(teacher.family), {"cfg": args.cfg, "gamma": gamma, "mode": mode,
                                                 "final_noise": mode == "exact"}, owner="cspd")
                 r = _speed(teacher, cfg, batch, n)
                 print(f"| {mode} | {batch} | {gamma} | {r['alpha']:.3f} "

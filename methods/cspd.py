@@ -320,7 +320,7 @@ class CSpD(Method):
         gamma + 1 known sets (the prefix, then each draft added) gives p of every drafted step and of the bonus
         step; Leviathan's truncation at the first rejection. Rows move on at their own pace."""
         t, s, g_max = self.teacher, self.config.sampling, self.config.gamma
-        B, N, D = tokens.shape
+        B, N, _ = tokens.shape
         seq = order.step.argsort(dim=1)  # (B, N): the position of step j
         rows = torch.arange(B if k < N else 0, device=tokens.device)
         step = torch.full((len(rows),), k, device=tokens.device)  # each row's next step
@@ -360,6 +360,7 @@ class CSpD(Method):
             step = step + n_new
             live = step < N
             rows, step = rows[live], step[live]
+
     def _residual(self, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> torch.Tensor:
         """Residual samples for rejected tokens (rows of p, q)."""
         cfg = self.config
