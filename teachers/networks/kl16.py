@@ -28,10 +28,6 @@ class KL16Config:
     ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
     num_res_blocks: int = 2
 
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
-
 
 class KL16Decoder(nn.Module):
     """tokens (B, h*w, embed_dim) in raster order, MAR's scaled latents -> images (B, 3, 16h, 16w) in [-1, 1]."""

@@ -40,7 +40,6 @@ class MARH:
 
     family: ClassVar = masked_ar.FAMILY
     modality: ClassVar[str] = "image"
-    supports_cfg: ClassVar[bool] = True  # trained with label dropout 0.1
     target_model: ClassVar[str] = "mar_huge"
     draft_model: ClassVar[str] = "mar_base"
     reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")

@@ -52,7 +52,6 @@ class MaskedMARRecipe:
 
 class MaskedMARTeacher(PatchPairTeacher):
     family: ClassVar = masked_ar.FAMILY
-    supports_cfg: ClassVar[bool] = True  # trained with class dropout
     recipe: ClassVar[MaskedMARRecipe]
 
     def __init__(self, name: str, target: MAR, draft: MAR, info: dict):
