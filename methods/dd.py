@@ -10,7 +10,8 @@ Pipeline (shared/notes/dd_distilled_decoding.md):
    which needs VGG weights we do not have offline). AdamW (0.9, 0.95), EMA of the weights;
 3. sampling (Alg. 3): 1 step from pure noise, or 2 steps (the second re-inserts the ORIGINAL noise after the first
    t2 - 1 predicted tokens); with `ts` > 0, "pre-trained-ts-t2" (Alg. 4): the teacher re-generates tokens ts..t2-1
-   of the first step's output by ordinary sampling before the second step. Positions before `split` read the
+   of the first step's output by ordinary sampling before the second step, reading the kept prefix in one pass
+   (Table 2 counts 2 + t2 - ts steps; `_teacher_segment` says where ours differs). Positions before `split` read the
    logits head, the rest the embedding head (App. B: logits are good early in the sequence, embeddings late).
 Pairs and students are cached by everything that determines them.
 
@@ -215,23 +216,30 @@ class DD(Method):
         return Samples(tokens, cond, Counter(nfe=B * passes, tokens=B * n))
 
     def _teacher_segment(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
-        """Steps ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes."""
+        """Steps ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes.
+
+        Tokens: one pass per drawn token, plus one reading a non-empty prefix (the condition's prefill is a pass of
+        its own): (t2 - ts) + (ts > 1). The released runner prefills the class token and the prefix together
+        (microsoft/distilled_decoding LlamaGen/autoregressive/models/generate.py `intermediate_generate`), t2 - ts
+        passes, Table 2's 2 + t2 - ts steps: the AR-token protocol has no prefill with tokens, so ours is one more.
+        """
         ts, t2 = self.config.ts, self.t2
         if self.var:
             return self._teacher_scales(cond, tokens, generator)
         tokens[:, ts - 1 : t2 - 1] = rollout(self.teacher, cond, self.config.sampling, t2 - ts,
                                              lambda i, probs: draw(probs, generator), prefix=tokens[:, : ts - 1])
-        return (t2 - ts) + (ts > 1)  # one pass per token, one more to read a non-empty prefix
+        return (t2 - ts) + (ts > 1)
 
     def _teacher_scales(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
-        """`_teacher_segment` on VAR: the sampler reads scales 1..ts-1 and draws scales ts..t2-1."""
-        t, s, K = self.teacher, self.config.sampling, len(self.teacher.patch_nums)
-        state, logits = t.start(cond, cfg=s.cfg != 0)
-        for si in range(self.t2 - 1):
+        """`_teacher_segment` on VAR: one pass reads the condition and scales 1..ts-1 (`start`'s prefix, under VAR's
+        block-causal mask) and gives scale ts's logits, then one pass per further scale drawn: t2 - ts passes, the
+        paper's count (Table 2: pre-trained-ts-t2 is 2 + t2 - ts steps with DD's two; pre-trained-1-t2 is t2)."""
+        t, s, K, ts = self.teacher, self.config.sampling, len(self.teacher.patch_nums), self.config.ts
+        state, logits = t.start(cond, cfg=s.cfg != 0, prefix=tokens[:, : self.known[ts - 1]])
+        for si in range(ts - 1, self.t2 - 1):
             scale = slice(self.known[si], self.known[si + 1])
-            if si >= self.config.ts - 1:
-                tokens[:, scale] = draw(multiscale_vq.process(
-                    multiscale_vq.guide(logits, len(cond), s.cfg, si, K), s), generator)
+            tokens[:, scale] = draw(multiscale_vq.process(
+                multiscale_vq.guide(logits, len(cond), s.cfg, si, K), s), generator)
             if si + 1 < self.t2 - 1:
                 logits = t.next_scale(state, tokens[:, scale])
-        return self.t2 - 1  # one pass per scale read or drawn
+        return self.t2 - ts

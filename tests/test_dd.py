@@ -1,6 +1,8 @@
 """Distilled Decoding (arXiv:2412.17153): the student, its training and the three samplers, on tiny teachers."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,24 @@ from methods.onestep import OneStep, OneStepConfig
 from tests.fakes import make_config, tiny_gpt_teacher
 
 FAST = dict(n_pairs=256, train_steps=40, batch=16, solver_steps=4)
+
+
+@contextlib.contextmanager
+def counted(**modules: torch.nn.Module):
+    """{name: forward calls of that module} while the block runs."""
+    calls = dict.fromkeys(modules, 0)
+
+    def hook(name):
+        def add(*_):
+            calls[name] += 1
+        return add
+
+    hooks = [m.register_forward_hook(hook(name)) for name, m in modules.items()]
+    try:
+        yield calls
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def toy_teacher(steps: int = 150):
@@ -147,3 +167,18 @@ def test_two_token_toy_dd_is_valid_where_onestep_star_is_not(toy, tmp_path):
         x = method.sample(cond, generator=torch.Generator().manual_seed(1)).data
         invalid[name] = (x[:, 0] != x[:, 1]).float().mean().item()
     assert invalid["dd"] < 0.05 and 0.4 < invalid["onestep*"] < 0.6, invalid
+
+
+@pytest.mark.parametrize("ts,t2", [(1, 4), (2, 4), (3, 4), (2, 6), (5, 6)])
+def test_pre_trained_ts_t2_passes_are_the_networks_calls(tmp_path, ts, t2):
+    """Alg. 4 on the AR-token family: the teacher's passes counted on its network, (t2 - ts) + (ts > 1) (the
+    condition's prefill, the prefix in one pass, then one per further token), and DD's steps on the student's."""
+    teacher = tiny_gpt_teacher()
+    method = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 1}, steps=2, t2=t2, ts=ts))
+    method.fit(cache=Cache(tmp_path))
+    # the teacher's first block runs once per teacher pass (the student's network is a copy)
+    with counted(teacher=teacher.network.blocks[0], student=method.student) as calls:
+        out = method.sample(teacher.conditions(2, torch.Generator().manual_seed(0)),
+                            generator=torch.Generator().manual_seed(0))
+    assert calls == {"teacher": (t2 - ts) + (ts > 1), "student": 1 + (ts > 1)}
+    assert out.counters["nfe"] == 2 * sum(calls.values())

@@ -15,6 +15,7 @@ from methods.onestep import OneStep, VAROneStepConfig
 from methods.token_flow import FlowConfig
 from teachers.families import multiscale_vq
 from tests.fakes import make_config, tiny_var_teacher
+from tests.test_dd import counted
 
 S = multiscale_vq.SamplingConfig(cfg=1.5, top_k=8, top_p=0.0)
 FAST = dict(n_pairs=128, train_steps=20, batch=16, solver_steps=4, cfg=1.5, top_k=8, top_p=0.0)
@@ -59,8 +60,8 @@ def test_the_samplers_count_their_passes_and_keep_the_known_scales(teacher, tmp_
     cache, cond = Cache(tmp_path), torch.tensor([[1], [4], [9]])
     outs = {}
     # scales (1, 2, 3, 4): t2 = 3 keeps 2 scales (5 tokens); pre-trained-2-3 lets the teacher redraw scale 2
-    for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 1 + 2 + 1),
-                          ({"steps": 2, "ts": 1}, 2 + 1)):
+    for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + 3 - 2),
+                          ({"steps": 2, "ts": 1}, 3)):
         method = DD(teacher, make_config(VARDDConfig, **FAST, t2=3, **knobs))
         method.fit(cache=cache)
         a, b = (method.sample(cond, generator=torch.Generator().manual_seed(9)) for _ in range(2))
@@ -87,3 +88,52 @@ def test_onestep_star_on_var_draws_every_scale_from_the_marginals_or_refuses_too
     monkeypatch.setattr("methods.onestep.MAX_MARGINALS", 1000)
     with pytest.raises(UserError, match="exceed 1000 values"):
         OneStep(teacher, make_config(VAROneStepConfig, n_pairs=200)).fit(cache=Cache(tmp_path))
+
+
+def test_a_prefix_read_in_one_pass_gives_the_scale_by_scale_logits(teacher):
+    """`start(prefix=...)` reads j whole scales with the condition in one pass under the block-causal mask: the
+    logits of scale j, and the cache the following scales read, are those of j + 1 cached passes. Broken variant:
+    the same pass without a mask (the released `intermediate_sample`'s) gives other logits."""
+    g = torch.Generator().manual_seed(0)
+    cond = torch.tensor([[1], [6]])
+    tokens = torch.randint(teacher.vocab_size, (2, teacher.seq_len), generator=g)
+    ends = [0, 1, 5, 14, 30]
+
+    def stepwise(j):
+        state, logits = teacher.start(cond, cfg=True)
+        for si in range(j):
+            logits = teacher.next_scale(state, tokens[:, ends[si] : ends[si + 1]])
+        return state, logits
+
+    def one_pass(j):
+        return teacher.start(cond, cfg=True, prefix=tokens[:, : ends[j]])
+
+    for j in (1, 2, 3):
+        (s1, a), (s2, b) = stepwise(j), one_pass(j)
+        assert s2.si == j and b.shape == (4, (j + 1) ** 2, teacher.vocab_size)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        if j < 3:  # the cache of the one pass serves the next scale as the stepwise one does
+            nxt = tokens[:, ends[j] : ends[j + 1]]
+            torch.testing.assert_close(teacher.next_scale(s2, nxt), teacher.next_scale(s1, nxt), atol=1e-5, rtol=0)
+    torch.testing.assert_close(one_pass(0)[1], stepwise(0)[1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="whole scales"):
+        teacher.start(cond, cfg=True, prefix=tokens[:, :3])
+    mask = teacher.network.attn_bias_for_masking
+    try:
+        teacher.network.attn_bias_for_masking = torch.zeros_like(mask)
+        assert (one_pass(3)[1] - stepwise(3)[1]).abs().max() > 1e-3
+    finally:
+        teacher.network.attn_bias_for_masking = mask
+
+
+@pytest.mark.parametrize("ts,t2", [(1, 2), (1, 4), (2, 3), (2, 4), (3, 4)])
+def test_pre_trained_ts_t2_costs_the_papers_passes(teacher, tmp_path, ts, t2):
+    """Alg. 4 on VAR: 2 + t2 - ts forward passes (t2 when ts = 1; Table 2), counted on the networks themselves: one
+    teacher pass reads the kept scales, so the count falls as ts grows."""
+    method = DD(teacher, make_config(VARDDConfig, **{**FAST, "train_steps": 1}, steps=2, t2=t2, ts=ts))
+    method.fit(cache=Cache(tmp_path))
+    with counted(teacher=teacher.network.blocks[0], student=method.student) as calls:
+        out = method.sample(torch.tensor([[1], [4]]), generator=torch.Generator().manual_seed(0))
+    expected = t2 if ts == 1 else 2 + t2 - ts
+    assert calls == {"teacher": t2 - ts, "student": expected - (t2 - ts)}
+    assert out.counters["nfe"] == 2 * expected

@@ -4,8 +4,16 @@ maps, the teacher of Distilled Decoding's VAR experiments (arXiv:2412.17153 §5)
 A sample is K token maps of growing size (`patch_nums`, 1 x 1 to 16 x 16 at 256 px: L = 680 tokens), concatenated in
 scale order, (B, L). Scale k's tokens are drawn all at once, independently given the earlier scales: one forward
 pass per scale. A method talks to a teacher only through `MultiScaleTeacher`: `start` (the class condition, with the
-unconditional rows for CFG; logits of the first scale), `next_scale` (this scale's tokens in, the next scale's logits
-out, through the KV cache) and `decode` (all tokens -> images).
+unconditional rows for CFG, and optionally the tokens of the first whole scales, all read in one pass; logits of the
+next scale), `next_scale` (this scale's tokens in, the next scale's logits out, through the KV cache) and `decode`
+(all tokens -> images).
+
+A prefix read by `start` is one pass under VAR's training mask (a token sees the scales up to its own): the same
+computation as reading it scale by scale through the cache, in one forward pass instead of one per scale. DD's
+pre-trained-ts-t2 sampler (arXiv:2412.17153 Alg. 4, Table 2: 2 + t2 - ts steps) reads the DD prefix this way, as the
+released `VAR.intermediate_sample` does (microsoft/distilled_decoding VAR/models/var.py); the released pass has no
+mask at all (`attn_bias=None`), so there the earlier scales also attend to the later ones and the last scale's logits
+are not the teacher's conditional (`tests/test_dd_var.py` shows that they differ).
 
 The family's own sampler is VAR's `autoregressive_infer_cfg` (real_checkpoints.md §6e): at scale k the logits are
 (1 + t) c - t u with t = cfg k / (K - 1) (no guidance at the first scale; at the last the usual scale is 1 + cfg),
@@ -14,6 +22,7 @@ likely kept), no temperature, and one draw per token; the same tokens feed both 
 """
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -51,7 +60,9 @@ class MultiScaleTeacher(Protocol):
     vocab_size: int
 
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...  # (n, 1) class ids
-    def start(self, cond: torch.Tensor, *, cfg: bool): ...  # -> (state, logits (R, pn0^2, V)), R = 2B with cfg
+    # cond (B, 1); prefix (B, pn_0^2 + ... + pn_{j-1}^2): the first j >= 0 scales, read in the same pass
+    # -> (state, logits of scale j (R, pn_j^2, V)), R = 2B with cfg
+    def start(self, cond: torch.Tensor, *, cfg: bool, prefix: torch.Tensor | None = None): ...
     def next_scale(self, state, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, pn_k^2) -> (R, pn_{k+1}^2, V)
     # (B, L) -> (B, 3, H, W) in [0, 1]; trailing scales of SKIPPED tokens add nothing to the decoded feature map
     def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...
@@ -70,14 +81,16 @@ class ScaleState:
 
 class NetworkTeacher:
     """`start`, `next_scale` and `decode` of a teacher made of a VAR transformer (`network`: `class_emb`,
-    `first_input`, `scale_input`, `step`; `teachers.networks.var`) and a multi-scale VQ (`vq`: `accumulate`,
-    `downsample`, `decode_codes`; `teachers.networks.msvq`); `n_classes` is the null class."""
+    `first_input`, `scale_input`, `step`, the block-causal `attn_bias_for_masking`; `teachers.networks.var`) and a
+    multi-scale VQ (`vq`: `accumulate`, `downsample`, `decode_codes`; `teachers.networks.msvq`); `n_classes` is the
+    null class."""
 
     n_classes: int
     patch_nums: tuple[int, ...]
 
     @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: bool) -> tuple[ScaleState, torch.Tensor]:
+    def start(self, cond: torch.Tensor, *, cfg: bool,
+              prefix: torch.Tensor | None = None) -> tuple[ScaleState, torch.Tensor]:
         labels = cond[:, 0]
         if cfg:
             labels = torch.cat([labels, torch.full_like(labels, self.n_classes)])
@@ -85,7 +98,22 @@ class NetworkTeacher:
         P = self.patch_nums[-1]
         f_hat = torch.zeros(len(cond), self.vq.cfg.Cvae, P, P, device=cond.device)
         state = ScaleState([{} for _ in self.network.blocks], emb, f_hat, 0)
-        return state, self.network.step(self.network.first_input(emb), emb, state.caches)
+        x = [self.network.first_input(emb)]  # (R, pn0^2, C), then each known scale's successor's input
+        for tokens in prefix_scales(self.patch_nums, prefix):
+            x.append(self._input_after(state, tokens))
+        if len(x) == 1:
+            return state, self.network.step(x[0], emb, state.caches)
+        x = torch.cat(x, 1)  # (R, l, C)
+        l = x.shape[1]
+        logits = self.network.step(x, emb, state.caches, self.network.attn_bias_for_masking[:, :, :l, :l])
+        return state, logits[:, -self.patch_nums[state.si] ** 2 :]
+
+    def _input_after(self, state: ScaleState, tokens: torch.Tensor) -> torch.Tensor:
+        """Scale state.si's tokens (B, pn^2) into the map; the next scale's input (R, pn'^2, C); state.si advances."""
+        state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
+        state.si += 1
+        x = self.network.scale_input(state.si, self.vq.downsample(state.si, state.f_hat))  # (B, pn^2, C)
+        return torch.cat([x, x]) if len(state.cond) != len(tokens) else x  # the same tokens feed the null rows
 
     @property
     def codebook(self) -> torch.Tensor:
@@ -94,18 +122,24 @@ class NetworkTeacher:
 
     @torch.inference_mode()
     def next_scale(self, state: ScaleState, tokens: torch.Tensor) -> torch.Tensor:
-        state.f_hat = self.vq.accumulate(state.si, state.f_hat, tokens)
-        state.si += 1
-        x = self.network.scale_input(state.si, self.vq.downsample(state.si, state.f_hat))  # (B, pn^2, C)
-        if len(state.cond) != len(tokens):  # the same tokens feed the unconditional rows
-            x = torch.cat([x, x])
-        return self.network.step(x, state.cond, state.caches)
+        return self.network.step(self._input_after(state, tokens), state.cond, state.caches)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, C, H, W) in [0, 1]
         """The image of the scales' codes; skipped trailing scales (`SKIPPED`) leave the partial residual sum."""
         codes = [c for c in tokens.split([pn * pn for pn in self.patch_nums], dim=1) if c[0, 0] != SKIPPED]
         return (self.vq.decode_codes(codes) + 1) / 2
+
+
+def prefix_scales(patch_nums: tuple[int, ...], prefix: torch.Tensor | None) -> list[torch.Tensor]:
+    """A prefix (B, k) of whole scales -> its scales' tokens, [(B, pn_0^2), ...]; none for None or k = 0."""
+    if prefix is None or not prefix.shape[1]:
+        return []
+    ends = list(itertools.accumulate(pn * pn for pn in patch_nums))
+    if prefix.shape[1] not in ends[:-1]:
+        raise ValueError(f"a prefix holds whole scales short of the last, {ends[:-1]} tokens; got {prefix.shape[1]}")
+    j = ends.index(prefix.shape[1]) + 1
+    return list(prefix.split([pn * pn for pn in patch_nums[:j]], dim=1))
 
 
 def process(logits: torch.Tensor, s: SamplingConfig) -> torch.Tensor:

@@ -145,10 +145,12 @@ class VAR(nn.Module):
         start = self.ends[si - 1]
         return self.word_embed(f_down.flatten(2).transpose(1, 2)) + self.lvl_pos()[:, start : self.ends[si]]
 
-    def step(self, x: torch.Tensor, cond: torch.Tensor, caches: list[dict]) -> torch.Tensor:
-        """One scale through the blocks with the KV caches: (B, pn^2, C) -> logits (B, pn^2, V)."""
+    def step(self, x: torch.Tensor, cond: torch.Tensor, caches: list[dict],
+             attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """One scale through the blocks with the KV caches: (B, pn^2, C) -> logits (B, pn^2, V); several scales at
+        once, (B, l, C), with `attn_bias` the block-causal mask of their l positions (after nothing cached)."""
         for block, cache in zip(self.blocks, caches):
-            x = block(x, cond, cache)
+            x = block(x, cond, cache, attn_bias)
         return self.logits(x, cond)
 
     def forward(self, labels: torch.Tensor, x_next: torch.Tensor) -> torch.Tensor:
