@@ -22,11 +22,13 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from bench import files
 from bench.budget import budget
 from bench.cache import Cache
 from bench.config import build_config, config_dict, knobs
 from bench.envinfo import environment_tags, resolve_device
 from bench.errors import UserError
+from bench.paper import paper_tags
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.samples import Samples
 from bench.spool import Spool
@@ -85,6 +87,7 @@ class Plan:
     config: Any
     metrics: list[MetricPlan]
     device: torch.device
+    paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`bench.paper`), if any
 
     @property
     def sampling(self) -> Any:
@@ -110,8 +113,10 @@ def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
 RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference", "warmup", "threads"})
 
 
-def plan(trial: Trial) -> Plan:
-    """Validate a trial before any work: names, family and modality, knobs, batch size, device, the teacher's files."""
+def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
+    """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
+    (inside `bench.files.audit()`, a dry run, they are listed instead of refused). `paper` holds the paper's numbers
+    for this trial, already checked (`bench.paper.check_paper`)."""
     teacher_cls = TEACHERS.get(trial.teacher)
     method_cls = METHODS.get(trial.method)
     metrics = [MetricPlan.parse(m) for m in trial.metrics]
@@ -137,11 +142,13 @@ def plan(trial: Trial) -> Plan:
         raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
                         f"got {trial.batch_size}")
     device = resolve_device(trial.device)
-    missing = getattr(teacher_cls, "unavailable", lambda: None)()
-    if missing:
+    if files.auditing():
+        for path in getattr(teacher_cls, "files", tuple)():
+            files.require(path, "")
+    elif missing := getattr(teacher_cls, "unavailable", lambda: None)():
         raise UserError(f"teacher {trial.teacher!r}: {missing}")
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
-    return Plan(resolved, teacher_cls, method_cls, config, metrics, device)
+    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, dict(paper or {}))
 
 
 @dataclass
@@ -280,7 +287,7 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
     """Run one planned trial and log it as one MLflow run; returns the logged metrics. `tags` are added to the run
     (a sweep's parent run id, study and trial number)."""
     return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
-                   tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+                   tracker=tracker, opts=opts, tags={**paper_tags(p.paper), **(tags or {})}, on_start=on_start)
 
 
 def run_name(p: Plan) -> str:
@@ -298,7 +305,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
     metrics = {f"fit/{k}": v for k, v in ctx.fit_info.items()}
     scorers = [m.cls(teacher, cache=ctx.cache, device=p.device, extractor=m.extractor)
                for m in p.metrics if m.unavailable is None]
-    files = {}
+    artifacts = {}
     with tempfile.TemporaryDirectory(prefix="accelbench-samples-") as folder:
         results = _sample_arms(arms, conds, t, opts, p.device, Path(folder))
         for name, r in results.items():
@@ -307,7 +314,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
             values, file_name, content = _score_arm(r.spool, arms[name].teacher, scorers, t.metric_repeats,
                                                     "samples" if name == "method" else f"{name}_samples")
             metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
-            files[file_name] = content
+            artifacts[file_name] = content
     metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
     metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
     defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
@@ -322,5 +329,5 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
            if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
         **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable},
         **{f"caveat.{k}": v for k, v in method.caveats().items()}})
-    ctx.log.log_files({**files, "trial.yaml": t.to_yaml().encode()})
+    ctx.log.log_files({**artifacts, "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -1,4 +1,8 @@
-"""A suite: a YAML list of trials (× seeds) run into one MLflow experiment, resumable by trial key."""
+"""A suite: a YAML list of trials (× seeds) run into one MLflow experiment, resumable by trial key.
+
+An entry may carry the paper's numbers for its setting (`paper:`, see `bench.paper`); they travel with the trial's
+plan into its run's tags, never into the trial key.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +13,7 @@ from tqdm import tqdm
 from bench.cache import Cache
 from bench.config import check_seeds, read_yaml_mapping
 from bench.errors import UserError
+from bench.paper import check_paper
 from bench.runner import Plan, RunOptions, plan, run_trial
 from bench.tracking import Tracker
 from bench.trial import Trial
@@ -22,8 +27,9 @@ class Suite:
     plans: tuple[Plan, ...]  # planned (every knob resolved), one per (entry, seed)
 
 
-def load_suite(path: str) -> Suite:
-    """Parse and validate every trial of the file before anything runs."""
+def load_suite(path: str, *, n_samples: int | None = None) -> Suite:
+    """Parse and validate every trial of the file before anything runs. `n_samples` replaces every trial's sample
+    count (a quick pass over a paper suite; the trial keys change with it)."""
     data = read_yaml_mapping(path, "suite file", SUITE_FIELDS)
     experiment = data.get("experiment")
     if not isinstance(experiment, str) or not experiment:
@@ -34,13 +40,19 @@ def load_suite(path: str) -> Suite:
     if not isinstance(defaults, dict) or not isinstance(entries, list) or not entries:
         raise UserError(f"suite file {path}: 'defaults' must be a mapping and 'trials' a non-empty list")
     plans = []
+    if n_samples is not None and (isinstance(n_samples, bool) or n_samples <= 0):
+        raise UserError(f"--n-samples must be a positive integer, got {n_samples}")
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise UserError(f"suite file {path}: trial {i} must be a mapping")
+        entry = dict(entry)
+        paper = check_paper(entry.pop("paper"), f"suite file {path}: trial {i}") if "paper" in entry else {}
         for seed in seeds:
             merged: dict[str, Any] = {**defaults, **entry, "seed": seed}
+            if n_samples is not None:
+                merged["n_samples"] = n_samples
             try:
-                plans.append(plan(Trial.from_mapping(merged)))
+                plans.append(plan(Trial.from_mapping(merged), paper=paper))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
     return Suite(experiment, tuple(plans))

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
 from bench.errors import UserError
 from metrics.features import check_choice, embed, has_reference_batch, load_extractor, reference_features
@@ -113,11 +114,10 @@ class ImageFeatureMetric(Metric):
         if cls.compares_with is None:
             return
         path = checkpoint_dir() / stats[0]
-        if not path.is_file():
-            raise UserError(f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
-                            f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place it there "
-                            f"or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
-        if cls.compares_with == "images" and not has_reference_batch(path):
+        present = files.require(path, f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
+                                      f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place "
+                                      f"it there or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
+        if present and cls.compares_with == "images" and not has_reference_batch(path):
             raise UserError(f"metric {spec} compares with reference images; {path} holds statistics only (no "
                             f"arr_0): fid@inception is the metric it supports")
 

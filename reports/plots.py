@@ -82,21 +82,25 @@ def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
 
 
 def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    """Quality against ms / sample, one panel per batch size: a point is only ever plotted beside the teacher sampling
+    at its own batch size (a batched sampler's time per sample says nothing about a sequential one's)."""
     quality = quality_columns(runs)
     if not quality:
         return None
     key, higher = quality[0]
-    points = quality_points(runs, key)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (label, p) in enumerate(points.items()):  # error bars: the spread over seeds
-        ax.errorbar([p.ms], [p.quality], xerr=[p.ms_std], yerr=[p.quality_std], label=label, capsize=2, lw=0.8,
-                    fmt=MARKERS[i // 10 % len(MARKERS)])  # the colour cycle repeats at 10
-    front = pareto_front([(p.ms, p.quality) for p in points.values()], higher)
-    ax.plot([t for t, _ in front], [q for _, q in front], "k--", lw=1, label="Pareto front")
-    ax.set_xlabel("ms / sample (median; mean ± std over seeds)")
-    ax.set_ylabel(f"{key} ({'higher' if higher else 'lower'} is better)")
-    ax.set_title(f"{teacher}: quality vs wall time")
-    ax.legend(fontsize=7)
+    sizes = sorted({r.batch_size for r in runs})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        points = quality_points([r for r in runs if r.batch_size == size], key)
+        for i, (label, p) in enumerate(points.items()):  # error bars: the spread over seeds
+            ax.errorbar([p.ms], [p.quality], xerr=[p.ms_std], yerr=[p.quality_std], label=label, capsize=2, lw=0.8,
+                        fmt=MARKERS[i // 10 % len(MARKERS)])  # the colour cycle repeats at 10
+        front = pareto_front([(p.ms, p.quality) for p in points.values()], higher)
+        ax.plot([t for t, _ in front], [q for _, q in front], "k--", lw=1, label="Pareto front")
+        ax.set_xlabel("ms / sample (median; mean ± std over seeds)")
+        ax.set_ylabel(f"{key} ({'higher' if higher else 'lower'} is better)")
+        ax.set_title(f"{teacher}: quality vs wall time, batch {size}")
+        ax.legend(fontsize=7)
     return _save(fig, out, f"quality_vs_time_{teacher}.png")
 
 

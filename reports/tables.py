@@ -1,8 +1,10 @@
 """Markdown results tables from MLflow trial runs, in the shape of the seed papers' tables.
 
-A pure function of the runs: one table per teacher, a teacher row per sampling setting (from the reference arm every
-run carries) and a row per (method, knobs), each cell the mean ± std over seeds. Speed-ups are the in-run ratios
-(method vs. its own reference arm, measured side by side), averaged over seeds.
+A pure function of the runs: one table per teacher, a teacher row per sampling setting and batch size (from the
+reference arm every run carries) and a row per (method, knobs, batch size), each cell the mean ± std over seeds.
+Speed-ups are the in-run ratios (method vs. its own reference arm at the same batch size, measured side by side),
+averaged over seeds. Runs of a paper suite carry the paper's numbers (`bench.paper`): a measured column that has any
+gets a "paper" column and the difference (ours − paper) beside it.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
+from bench.paper import SPEED_KEYS, from_tags
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has
@@ -31,6 +35,12 @@ class TrialRun:
     start_time_ms: int = 0
     key_knobs: tuple = field(default=())
     warmup: str = "unknown"  # warm-up batches per arm before timing
+    batch_size: int = 1
+
+    @property
+    def paper(self) -> dict:
+        """The paper's numbers for this run's setting (a paper suite's `paper:`), empty for other runs."""
+        return from_tags(self.tags)
 
     @classmethod
     def from_mlflow(cls, run) -> "TrialRun":
@@ -42,7 +52,8 @@ class TrialRun:
         ref = {k[len("ref."):]: v for k, v in p.items() if k.startswith("ref.")}
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
-                   dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs, p.get("warmup", "unknown"))
+                   dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs, p.get("warmup", "unknown"),
+                   int(p.get("batch_size", 1)))
 
 
 def natural(text: str) -> tuple:
@@ -88,71 +99,112 @@ def _header(key: str, higher: bool) -> str:
     return f"{name.upper()} {arrow} ({extractor})" if extractor else f"{name} {arrow}"
 
 
+def paper_value(paper: dict, key: str) -> float | None:
+    """The paper's number for a measured column: a speed column under its paper key (`nfe`), a quality column under
+    its full key or its metric's name (`fid` for `fid.inception-v3.adm-in256`)."""
+    speed = {metric: name for name, metric in SPEED_KEYS.items()}
+    if key in speed:
+        return paper.get(speed[key])
+    return paper.get(key, paper.get(key.split(".")[0]))
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    key: str  # the run metric (the reference arm's under "ref/", a baseline arm's under "<arm>/")
+    scale: float = 1.0
+    digits: int = 2
+    suffix: str = ""
+
+
+def _columns(quality) -> list[Column]:
+    return [Column("NFE / sample ↓", "nfe_per_sample", digits=1), Column("ms / sample ↓", "sec_per_sample_median", 1000),
+            Column("speed-up wall ↑", "speedup_wall", suffix="×"), Column("speed-up steps ↑", "speedup_steps",
+                                                                        suffix="×"),
+            *(Column(_header(k, h), k) for k, h in quality)]
+
+
 def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
-    """Markdown lines of one teacher's table, and whether any quality cell is blank."""
+    """Markdown lines of one teacher's table, and whether any quality cell is blank.
+
+    Rows are never compared across batch sizes: a batched sampler's time per sample is not a sequential one's, so the
+    teacher has a row per batch size, and every speed-up is against the teacher arm of the same run."""
     quality = quality_columns(runs)
-    head = ["method", "knobs", "sampling", "n", "seeds", "NFE / sample ↓", "ms / sample ↓", "speed-up wall ↑",
-            "speed-up steps ↑", *(_header(k, h) for k, h in quality)]
+    columns = _columns(quality)
+    with_paper = {c.key for c in columns if any(paper_value(r.paper, c.key) is not None for r in runs)}
+    head = ["method", "knobs", "sampling", "batch", "n", "seeds"]
+    for c in columns:
+        head += [c.header, *(["paper", "Δ"] if c.key in with_paper else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     blank = False
+    quality_keys = {k for k, _ in quality}
+
+    def cells_of(values_of, paper: dict | None) -> list[str]:
+        """The measured cells (and paper, Δ where the table has them) from `values_of(column)`: one value per seed."""
+        nonlocal blank
+        out = []
+        for c in columns:
+            values = [c.scale * v for v in values_of(c)]
+            blank |= c.key in quality_keys and not values
+            out.append(_fmt(values, c.digits, c.suffix))
+            if c.key in with_paper:
+                ref = paper_value(paper or {}, c.key)
+                if ref is None or not values:
+                    out += ["—" if ref is None else f"{ref:.{c.digits}f}{c.suffix}", "—"]
+                else:
+                    out += [f"{ref:.{c.digits}f}{c.suffix}", f"{statistics.fmean(values) - ref:+.{c.digits}f}"]
+        return out
 
     def sampling(knobs):  # the reference arm's settings: whatever its config has (every family its own)
         return _knob_text(knobs, [k for k in SAMPLING_ORDER if k in knobs] +
                           sorted(k for k in knobs if k not in SAMPLING_ORDER))
 
-    # Teacher rows: the reference arms of all runs, by sampling settings and sample count. Runs with the same seed
-    # drew the same teacher samples, so each seed counts once; a metric comes from the first run of the seed that has it.
+    # Teacher rows: the reference arms of all runs, by sampling settings, batch size and sample count. Runs with the
+    # same seed drew the same teacher samples, so each seed counts once; a metric comes from the first run of the seed
+    # that has it.
     by_ref: dict = {}
     for r in runs:
-        by_ref.setdefault((r.reference, sampling(r.ref_knobs), r.n_samples), {}).setdefault(r.seed, []).append(r)
-    for (ref, samp, n), seeds in sorted(by_ref.items(), key=lambda kv: natural(str(kv[0]))):
+        by_ref.setdefault((r.reference, sampling(r.ref_knobs), r.batch_size, r.n_samples), {}).setdefault(
+            r.seed, []).append(r)
+    for (ref, samp, batch, n), seeds in sorted(by_ref.items(), key=lambda kv: natural(str(kv[0]))):
 
-        def per_seed(key, scale=1.0):
-            found = ([r.metrics[key] for r in seeds[s] if key in r.metrics] for s in sorted(seeds))
-            return [scale * vals[0] for vals in found if vals]
+        def per_seed(c: Column):
+            if c.key.startswith("speedup_"):
+                return [1.0]
+            found = ([r.metrics[f"ref/{c.key}"] for r in seeds[s] if f"ref/{c.key}" in r.metrics] for s in sorted(seeds))
+            return [vals[0] for vals in found if vals]
 
-        cells = [f"{ref} (teacher)", "—", samp, str(n), str(len(seeds)), _fmt(per_seed("ref/nfe_per_sample"), 1),
-                 _fmt(per_seed("ref/sec_per_sample_median", 1000), 2), "1.00×", "1.00×"]
-        for key, _ in quality:
-            vals = per_seed(f"ref/{key}")
-            blank |= not vals
-            cells.append(_fmt(vals, 2))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([f"{ref} (teacher)", "—", samp, str(batch), str(n), str(len(seeds)),
+                                         *cells_of(per_seed, None)]) + " |")
 
     groups: dict = {}
     for r in runs:
-        key = (r.method, shown_knobs(r, runs), sampling(r.ref_knobs), r.n_samples, tuple(sorted(r.knobs.items())))
+        key = (r.method, shown_knobs(r, runs), sampling(r.ref_knobs), r.batch_size, r.n_samples,
+               tuple(sorted(r.knobs.items())))
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
-    for (method, knobs, samp, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
+    for (method, knobs, samp, batch, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
         rs = [seeds[s] for s in sorted(seeds)]
-        cells = [method, knobs, samp, str(n), str(len(rs)),
-                 _fmt([r.metrics["nfe_per_sample"] for r in rs], 1),
-                 _fmt([1000 * r.metrics["sec_per_sample_median"] for r in rs], 2),
-                 _fmt([r.metrics["speedup_wall"] for r in rs], 2, "×"),
-                 _fmt([r.metrics["speedup_steps"] for r in rs], 2, "×")]
-        for key, _ in quality:
-            vals = [r.metrics[key] for r in rs if key in r.metrics]
-            blank |= not vals
-            cells.append(_fmt(vals, 2))
-        lines.append("| " + " | ".join(cells) + " |")
-        lines += _baseline_rows(rs, knobs, samp, n, quality)
+        lines.append("| " + " | ".join([method, knobs, samp, str(batch), str(n), str(len(rs)), *cells_of(
+            lambda c: [r.metrics[c.key] for r in rs if c.key in r.metrics], rs[0].paper)]) + " |")
+        lines += _baseline_rows(rs, knobs, samp, batch, n, cells_of)
     return lines, blank
 
 
-def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, n: int, quality) -> list[str]:
+def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int, cells_of) -> list[str]:
     """A row per extra baseline arm the method's runs carry (e.g. SDTT's teacher at the student's step count and the AR
     LM), its speed-ups against the same runs' reference arms."""
     rows = []
     arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/nfe_per_sample")} - {"ref", "fit"})
     for arm in arms:
         m = [r.metrics for r in rs if f"{arm}/nfe_per_sample" in r.metrics]
-        cells = [f"↳ {arm}", knobs, samp, str(n), str(len(m)),
-                 _fmt([x[f"{arm}/nfe_per_sample"] for x in m], 1),
-                 _fmt([1000 * x[f"{arm}/sec_per_sample_median"] for x in m], 2),
-                 _fmt([x["ref/sec_per_sample_median"] / x[f"{arm}/sec_per_sample_median"] for x in m], 2, "×"),
-                 _fmt([x["ref/nfe_per_sample"] / x[f"{arm}/nfe_per_sample"] for x in m], 2, "×"),
-                 *(_fmt([x[f"{arm}/{key}"] for x in m if f"{arm}/{key}" in x], 2) for key, _ in quality)]
-        rows.append("| " + " | ".join(cells) + " |")
+        ratios = {"speedup_wall": [x["ref/sec_per_sample_median"] / x[f"{arm}/sec_per_sample_median"] for x in m],
+                  "speedup_steps": [x["ref/nfe_per_sample"] / x[f"{arm}/nfe_per_sample"] for x in m]}
+
+        def values(c: Column, m=m, ratios=ratios, arm=arm):
+            return ratios.get(c.key) or [x[f"{arm}/{c.key}"] for x in m if f"{arm}/{c.key}" in x]
+
+        rows.append("| " + " | ".join([f"↳ {arm}", knobs, samp, str(batch), str(n), str(len(m)),
+                                       *cells_of(values, None)]) + " |")
     return rows
 
 
@@ -163,14 +215,14 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
     for r in runs:
         if r.tags.get("accelbench.headline") != "true":
             continue
-        key = (r.teacher, shown_knobs(r, runs), tuple(sorted(r.ref_knobs.items())), r.n_samples)
+        key = (r.teacher, shown_knobs(r, runs), r.batch_size, tuple(sorted(r.ref_knobs.items())), r.n_samples)
         best.setdefault(r.method, {}).setdefault(key, {}).setdefault(r.seed, r)
     if not best:
         return []
-    lines = ["| method | teacher | knobs | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
-             "| teacher arm |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
+             "| teacher arm |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in sorted(best):
-        (teacher, knobs, _, _), seeds = max(best[method].items(), key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
+        (teacher, knobs, batch, _, _), seeds = max(best[method].items(), key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
         rs = [seeds[s] for s in sorted(seeds)]
         rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
         quality = sorted(quality_columns(rs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))
@@ -180,7 +232,7 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
             name = _header(key, higher)
             cells = [_fmt([r.metrics[key] for r in rs if key in r.metrics], 2),
                      _fmt([r.metrics[f"ref/{key}"] for r in rs if f"ref/{key}" in r.metrics], 2)]
-        lines.append("| " + " | ".join([method, teacher, knobs, str(len(rs)),
+        lines.append("| " + " | ".join([method, teacher, knobs, str(batch), str(len(rs)),
                                         _fmt([r.metrics["speedup_wall"] for r in rs], 2, "×"),
                                         _fmt([r.metrics["speedup_steps"] for r in rs], 2, "×"), name, *cells]) + " |")
     return lines
@@ -212,7 +264,8 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
     headline = headline_table(runs)
     if headline:
         out += ["## Headline", "", "Each paper's method at its default setting, against its teacher's own sampler in "
-                "the same runs (the sections below have every setting and baseline).", "", *headline, ""]
+                "the same runs, at the same batch size (the sections below have every setting and baseline).", "",
+                *headline, ""]
     any_blank = False
     for teacher in sorted({r.teacher for r in runs}):
         lines, blank = teacher_table([r for r in runs if r.teacher == teacher])
@@ -220,8 +273,10 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
         out += [f"## {teacher}", "", *lines, ""]
     out += ["Cells are mean ± sample standard deviation over seeds (a single seed has no ±). Speed-ups are measured "
             "in each run against its own teacher arm, side by side in one process, then averaged. NFE counts "
-            "forward passes per sample; n is the number of samples per arm; ↑/↓ mark the better direction; the "
-            "extractor of each metric is in parentheses.",
+            "forward passes per sample; n is the number of samples per arm and batch the samples per sampler call (a "
+            "row's speed-ups are against the teacher at the same batch size); ↑/↓ mark the better direction; the "
+            "extractor of each metric is in parentheses. Where a paper suite gave the paper's number for a row, "
+            "\"paper\" is that number (the run's tag `paper.source` names the table and row) and Δ is ours − paper.",
             "",
             "Reproducibility: a trial (teacher, method, knobs, n, seed) rerun on the same machine and software gives "
             "identical samples, NFE, acceptance and quality metrics. On another machine (CPU model, BLAS, torch "

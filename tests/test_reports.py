@@ -13,18 +13,20 @@ SJD_KNOBS = {"window": "16", "init": "random", "top_k": "0", "temperature": "1.0
 REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"}
 
 
-def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False):
+def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False,
+              batch=None, extra_tags=None):
     """A trial run as the runner logs it (knobs under their own names, listed in a tag), or, `legacy`, as runs before
     that did (knobs as "params.<knob>")."""
     tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
             "torch_version": "2.14.1", "cpu": "Test CPU", "torch_threads": "1", "device": "cpu",
             "python": "3.11.7", "key_knobs": "window,init" if method == "sjd" else "window,greedy"}
+    tags.update(extra_tags or {})
     if not legacy:
         tags["accelbench.knobs"] = ",".join(sorted(knobs))
     run = client.create_run(exp_id, start_time=1_790_000_000_000 + day * 86_400_000, tags=tags)
     params = {"teacher": "digits-ar-t2i", "method": method, "seed": seed, "reference": "ar", "n_samples": 100,
               **{f"params.{k}" if legacy else k: v for k, v in knobs.items()},
-              **{f"ref.{k}": v for k, v in REF_KNOBS.items()}}
+              **{f"ref.{k}": v for k, v in REF_KNOBS.items()}, **({"batch_size": batch} if batch else {})}
     metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
                "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
                "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe}
@@ -73,18 +75,18 @@ def test_table_cells_and_arithmetic(store, tmp_path):
     header = next(line for line in text.splitlines() if line.startswith("| method |"))
     assert "FID ↓ (digits-cnn)" in header and "speed-up wall ↑" in header
     sjd = [c.strip() for c in row(text, "sjd").split("|")[1:-1]]
-    assert sjd[:5] == ["sjd", "window=16, init=random", "top_k=0, temperature=1.0, cfg=1.0, greedy=False", "100", "3"]
-    sjd = sjd[1:]
-    assert sjd[4] == "32.0 ± 2.0"  # NFE mean and sample std of 30, 32, 34
-    assert sjd[5] == "21.67 ± 2.89"  # ms / sample of 20, 25, 20
-    assert sjd[6] == "1.93× ± 0.31"  # mean and std of the in-run ratios 40/20, 40/25, 44/20
-    assert sjd[7] == "2.01× ± 0.13"  # of 64/30, 64/32, 64/34
-    assert sjd[8] == "3.00 ± 1.00"
+    assert sjd[:6] == ["sjd", "window=16, init=random", "top_k=0, temperature=1.0, cfg=1.0, greedy=False", "1", "100",
+                       "3"]
+    assert sjd[6] == "32.0 ± 2.0"  # NFE mean and sample std of 30, 32, 34
+    assert sjd[7] == "21.67 ± 2.89"  # ms / sample of 20, 25, 20
+    assert sjd[8] == "1.93× ± 0.31"  # mean and std of the in-run ratios 40/20, 40/25, 44/20
+    assert sjd[9] == "2.01× ± 0.13"  # of 64/30, 64/32, 64/34
+    assert sjd[10] == "3.00 ± 1.00"
     teacher = [c.strip() for c in row(text, "ar (teacher)").split("|")[1:-1]]
     # Seed 0 has two runs (sjd, jacobi); its timing comes from the first (jacobi), its FID from the one with FID.
-    assert teacher[4:] == ["3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "2.60 ± 0.17"]
+    assert teacher[3:] == ["1", "100", "3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "2.60 ± 0.17"]
     jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
-    assert jacobi[4:] == ["1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
+    assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
     assert "Blank cells: the metric was not computed" in text
     assert "unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT)" in text and "HPSV2" not in header
     assert "runs: 4, dated 2026-09-22 to 2026-09-24 (UTC)" in text and "Test CPU" in text
@@ -160,5 +162,50 @@ def test_the_headline_has_a_row_per_paper_method_at_its_defaults(tmp_path):
     assert text.index("## Headline") < text.index("## digits-ar-t2i")
     headline = text[text.index("## Headline"):text.index("## digits-ar-t2i")]
     (row,) = [line for line in headline.splitlines() if line.startswith("| sjd |")]
-    assert row == ("| sjd | digits-ar-t2i | window=16, init=random | 2 | 1.91× ± 0.13 | 2.13× ± 0.00 "
+    assert row == ("| sjd | digits-ar-t2i | window=16, init=random | 1 | 2 | 1.91× ± 0.13 | 2.13× ± 0.00 "
                    "| FID ↓ (digits-cnn) | 2.50 ± 0.71 | 2.50 ± 0.00 |")
+
+
+def test_a_paper_suites_numbers_stand_beside_the_measured_ones(tmp_path):
+    """A run carrying the paper's numbers (tags `paper.*`, from a paper suite) gets "paper" and Δ columns beside the
+    measured NFE and FID; a row without paper numbers shows "—", and so does the teacher row."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper-suite")
+    paper = {"paper.fid": "2.5", "paper.nfe": "28", "paper.source": "SJD Table 1, row W=16"}
+    for seed, fid in enumerate([2.0, 4.0]):
+        log_trial(client, exp, "sjd", seed, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, fid=fid, ref_fid=2.5,
+                  extra_tags=paper)
+    log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False"}, ms=40.0, ref_ms=40.0, nfe=60.0, fid=5.0,
+              ref_fid=2.5)
+    assert main(["report", "--experiment", "paper-suite", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    header = [c.strip() for c in next(line for line in text.splitlines() if line.startswith("| method |")).split("|")]
+    nfe, fid = header.index("NFE / sample ↓"), header.index("FID ↓ (digits-cnn)")
+    assert header[nfe + 1: nfe + 3] == ["paper", "Δ"] and header[fid + 1: fid + 3] == ["paper", "Δ"]
+    assert "paper" not in header[header.index("ms / sample ↓") + 1]  # no paper number for wall time: no column
+    sjd = [c.strip() for c in row(text, "sjd").split("|")]
+    assert sjd[nfe: nfe + 3] == ["30.0 ± 0.0", "28.0", "+2.0"] and sjd[fid: fid + 3] == ["3.00 ± 1.41", "2.50", "+0.50"]
+    jacobi = [c.strip() for c in row(text, "jacobi").split("|")]
+    assert jacobi[fid: fid + 3] == ["5.00", "—", "—"]
+    teacher = [c.strip() for c in row(text, "ar (teacher)").split("|")]
+    assert teacher[fid + 1: fid + 3] == ["—", "—"]
+
+
+def test_tables_and_plots_never_compare_across_batch_sizes(tmp_path):
+    """The teacher at batch 30 (from DD's runs) and at batch 1 (from SJD's) are two rows, each run's speed-up is
+    against its own batch size's teacher, and the plot has a panel per batch size."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("mixed")
+    log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=35.0, ref_ms=47.0, nfe=30.0, fid=2.0, ref_fid=2.5, batch=1)
+    log_trial(client, exp, "dd", 0, {"steps": "1"}, ms=0.5, ref_ms=4.5, nfe=1.0, fid=3.0, ref_fid=2.4, batch=30)
+    assert main(["report", "--experiment", "mixed", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    teachers = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+                if line.startswith("| ar (teacher) |")]
+    assert sorted((t[3], t[7]) for t in teachers) == [("1", "47.00"), ("30", "4.50")]
+    assert [c.strip() for c in row(text, "sjd").split("|")[1:-1]][3] == "1"
+    runs = [TrialRun.from_mlflow(r) for r in client.search_runs([exp])]
+    assert {r.batch_size for r in runs} == {1, 30}
+    assert quality_points([r for r in runs if r.batch_size == 1], "fid.digits-cnn")["ar (teacher)"][0] == 47.0

@@ -121,6 +121,10 @@ class Emu3Gen:
         return prompt_file()
 
     @classmethod
+    def files(cls) -> tuple[Path, ...]:
+        return (*(cls.path() / name for name in REQUIRED), cls.prompt_path())
+
+    @classmethod
     def unavailable(cls) -> str | None:
         folder = cls.path()
         missing = [name for name in REQUIRED if not (folder / name).is_file()]

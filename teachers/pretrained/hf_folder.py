@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import torch
 
+from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
 from bench.training import library_bars
 from teachers.data import webtext
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
@@ -38,20 +38,24 @@ def folder(name: str) -> Path:
     return path if path.is_absolute() or path.exists() else checkpoint_dir() / path
 
 
+def required(name: str) -> tuple[Path, ...]:
+    return tuple(folder(name) / needed for needed in ("config.json", "tokenizer_config.json"))
+
+
 def unavailable(name: str) -> str | None:
-    path = folder(name)
-    for needed in ("config.json", "tokenizer_config.json"):
-        if not (path / needed).is_file():
-            return (f"missing {path / needed}: {name} is a Hugging Face causal LM folder (save_pretrained's files); "
+    for path in required(name):
+        if not path.is_file():
+            return (f"missing {path}: {name} is a Hugging Face causal LM folder (save_pretrained's files); "
                     f"place it in {checkpoint_dir()}, name its parent with --checkpoints or {CHECKPOINTS_ENV}, or "
                     f"give a path after {PREFIX!r}")
     return None
 
 
 def check(name: str) -> None:
+    """Refuse, in one line, a folder without the files `save_pretrained` writes (listed in a dry run)."""
     reason = unavailable(name)
-    if reason:
-        raise UserError(reason)
+    for path in required(name):
+        files.require(path, reason or "")
 
 
 @functools.cache
@@ -69,6 +73,10 @@ class HFFolderLM(HFCausalLMTeacher):
     def evaluator_name(self) -> str:
         """The model's name in metric keys: its folder's (gen_ppl.gpt2-large)."""
         return folder(self.folder_name).name
+
+    @classmethod
+    def files(cls) -> tuple[Path, ...]:
+        return required(cls.folder_name)
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -1,0 +1,59 @@
+"""A paper's reported numbers for one trial of a paper suite, carried as data beside the trial.
+
+A paper suite (`suites/papers/<paper>-<table>.yaml`) gives a trial the numbers the paper reports for the same setting:
+
+    paper: {fid: 1.84, nfe: 4, source: "ARD Table 1, DiT-XL/2 ARD 4 steps"}
+
+Paper numbers live in suite files only, never in code. They are not part of the trial (the trial key does not change
+with them): the runner logs them as tags `paper.<key>` on the trial's run, and the report prints them beside the
+measured columns with the difference. A key is a quality metric's name (`fid`, matching every extractor's column of
+that metric, e.g. `fid.inception-v3.adm-in256`) or its full key, or one of the speed columns below.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from bench.errors import UserError
+
+# Paper keys of the report's speed columns -> the run metric each is compared with.
+SPEED_KEYS = {"nfe": "nfe_per_sample", "speedup_wall": "speedup_wall", "speedup_steps": "speedup_steps",
+              "acceptance_rate": "acceptance_rate", "step_compression": "step_compression"}
+TAG_PREFIX = "paper."
+
+
+def check_paper(data: Any, where: str) -> dict[str, Any]:
+    """The validated `paper:` mapping of a suite entry: numbers under metric or speed keys, and a `source` string
+    naming the table and row. Errors are one line naming `where`."""
+    from bench.registry import METRICS
+
+    if not isinstance(data, Mapping):
+        raise UserError(f"{where}: 'paper' must be a mapping of metric -> the paper's number, with a 'source'")
+    source = data.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise UserError(f"{where}: 'paper' needs a 'source' naming the paper's table and row")
+    names = set(METRICS.names())
+    for key, value in data.items():
+        if key == "source":
+            continue
+        if key.split(".")[0] not in names and key not in SPEED_KEYS:
+            valid = ", ".join(sorted(names | set(SPEED_KEYS)))
+            raise UserError(f"{where}: unknown paper key {key!r}; valid: source, {valid} (or a full metric key)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"{where}: paper {key} must be a finite number, got {value!r}")
+    return dict(data)
+
+
+def paper_tags(paper: Mapping[str, Any]) -> dict[str, str]:
+    """The run tags that carry a trial's paper numbers (`paper.fid` = "1.84", `paper.source` = "...")."""
+    return {f"{TAG_PREFIX}{k}": str(v) for k, v in paper.items()}
+
+
+def from_tags(tags: Mapping[str, str]) -> dict[str, Any]:
+    """The paper numbers of a run's tags (numbers as floats, `source` as text); empty when the run has none."""
+    out: dict[str, Any] = {}
+    for tag, value in tags.items():
+        if tag.startswith(TAG_PREFIX):
+            key = tag[len(TAG_PREFIX):]
+            out[key] = value if key == "source" else float(value)
+    return out
