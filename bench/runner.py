@@ -88,6 +88,7 @@ class Plan:
     metrics: list[MetricPlan]
     device: torch.device
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`bench.paper`), if any
+    needs: tuple[files.Needed, ...] = ()  # the files it reads from the user, listed when planned in a dry run
 
     @property
     def sampling(self) -> Any:
@@ -115,8 +116,16 @@ RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference
 
 def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
     """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
-    (inside `bench.files.audit()`, a dry run, they are listed instead of refused). `paper` holds the paper's numbers
-    for this trial, already checked (`bench.paper.check_paper`)."""
+    (inside `bench.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
+    paper's numbers for this trial, already checked (`bench.paper.check_paper`)."""
+    if not files.auditing():
+        return _plan(trial, paper)
+    with files.audit() as needed:
+        p = _plan(trial, paper)
+    return dataclasses.replace(p, needs=tuple(needed))
+
+
+def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
     teacher_cls = TEACHERS.get(trial.teacher)
     method_cls = METHODS.get(trial.method)
     metrics = [MetricPlan.parse(m) for m in trial.metrics]
@@ -147,6 +156,8 @@ def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
             files.require(path, "")
     elif missing := getattr(teacher_cls, "unavailable", lambda: None)():
         raise UserError(f"teacher {trial.teacher!r}: {missing}")
+    for path, missing in method_cls.required_files(config).items():
+        files.require(path, missing)
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
     return Plan(resolved, teacher_cls, method_cls, config, metrics, device, dict(paper or {}))
 

@@ -34,7 +34,7 @@ from bench.samples import Samples
 from bench.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
-from methods.base import Method
+from methods.base import Method, Passes
 from teachers.data.images import load_image_dataset
 from teachers.families import ode_diffusion
 
@@ -150,6 +150,10 @@ class ARD(Method):
     modalities = ("image",)
     Config = ARDConfig
     key_knobs = ("student_steps", "history_layers", "mask")
+
+    @classmethod
+    def passes(cls, config: ARDConfig, family, length: int) -> dict[str, Passes]:
+        return {"method": Passes({"student_step": config.student_steps})}
 
     def __init__(self, teacher, config: ARDConfig):
         super().__init__(teacher, config)

@@ -7,6 +7,8 @@ a sampling setting (`bench.config.build_config` refuses the config class).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -15,6 +17,19 @@ from bench.cache import Cache
 from bench.errors import UserError
 from bench.samples import Samples
 from teachers.families import Family
+
+
+@dataclass(frozen=True)
+class Passes:
+    """What one arm runs per sample, as a dry run plans it before anything is loaded: forward passes by kind, each kind
+    priced by a measured cost (`bench/costs.yaml`): "step" (one step of the teacher's sampler), "window" (a speculative
+    window), "full" (one pass over every position: a one-step student), "head_chain" (a diffusion head's chain for
+    one token), "draft_step" / "draft_head_chain" (a draft model's), "student_step" (a distilled student's step),
+    "ar_token" (a companion causal LM's token), "lookup" (a table read, free). `at_most`: a bound (speculative
+    decoding's data-dependent count)."""
+
+    counts: dict[str, float] = field(default_factory=dict)
+    at_most: bool = False
 
 
 class Method:
@@ -42,6 +57,24 @@ class Method:
     def sampling_of(cls, config: Any) -> Any:
         """The family's sampling settings inside a config of this method: what the reference arm samples with."""
         return config.sampling
+
+    @classmethod
+    def passes(cls, config: Any, family: Family, length: int) -> dict[str, Passes]:
+        """Per arm ("method", and each of `extra_arms`), what it runs per sample under `config` on a teacher of
+        `family` with `length` positions (tokens; a multi-scale teacher's scales): a dry run's cost plan. Every
+        registered method declares it (the contract test checks)."""
+        raise NotImplementedError(f"{cls.__name__} does not declare its passes")
+
+    @classmethod
+    def trains(cls, config: Any) -> bool:
+        """Whether `fit` trains (or generates its training data) under `config`: a dry run says so."""
+        return cls.fit is not Method.fit
+
+    @classmethod
+    def required_files(cls, config: Any) -> dict[Path, str]:
+        """Files this configuration reads from the user (a released student): path -> the one line that refuses the
+        trial when it is missing (`plan` checks them; a dry run lists them)."""
+        return {}
 
     def __init__(self, teacher: Any, config: Any):
         missing = [a for a in self.needs if not hasattr(teacher, a)]
@@ -80,6 +113,10 @@ class OwnSampler(Method):
     @classmethod
     def sampling_of(cls, config: Any) -> Any:
         return config
+
+    @classmethod
+    def passes(cls, config: Any, family: Family, length: int) -> dict[str, Passes]:
+        return {"method": Passes(family.passes(config, length))}
 
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         return self.teacher.family.sample(self.teacher, cond, self.config, generator=generator)

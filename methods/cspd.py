@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from bench.samples import Samples
-from methods.base import Method
+from methods.base import Method, Passes
 from teachers.families import continuous_ar, masked_ar
 from teachers.families.continuous_ar import TokenNoise
 from teachers.networks.diffusion_head import HeadOutput
@@ -142,6 +142,13 @@ class CSpD(Method):
     @classmethod
     def config_class(cls, family) -> type:
         return MaskedCSpDConfig if family is masked_ar.FAMILY else CSpDConfig
+
+    @classmethod
+    def passes(cls, config: CSpDConfig, family, length: int) -> dict[str, Passes]:
+        """At most the target's own passes (a verification commits at least one token), a head chain per token, and
+        the draft's steps and chains counted once per token (what a round costs when its drafts are accepted)."""
+        target = family.passes(config.sampling, length)
+        return {"method": Passes({**target, "draft_step": target["step"], "draft_head_chain": length}, at_most=True)}
 
     def caveats(self) -> dict[str, str]:
         if self.config.mode != "released" or self.teacher.family is masked_ar.FAMILY:

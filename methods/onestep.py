@@ -21,7 +21,7 @@ import torch
 from bench.cache import Cache
 from bench.errors import UserError
 from bench.samples import Samples
-from methods.base import Method
+from methods.base import Method, Passes
 from methods.dd import refuse_greedy
 from methods.dd_pairs import PairKnobs, generate_pairs
 from teachers.families import ar_token, multiscale_vq
@@ -105,6 +105,10 @@ class OneStep(FromPairs):
     @classmethod
     def config_class(cls, family) -> type:
         return VAROneStepConfig if family is multiscale_vq.FAMILY else OneStepConfig
+
+    @classmethod
+    def passes(cls, config: OneStepConfig, family, length: int) -> dict[str, Passes]:
+        return {"method": Passes({"lookup": 1})}  # counted as one pass; a table lookup costs nothing to price
 
     def sample(self, cond, *, generator):
         tokens = draw(self.fitted().of(cond), generator)  # (B, n)

@@ -20,7 +20,7 @@ import torch
 
 from bench.errors import UserError
 from bench.samples import Samples
-from methods.base import Method
+from methods.base import Method, Passes
 from teachers.families import ar_token
 from teachers.families.ar_token import draw, process
 
@@ -153,6 +153,10 @@ class SJD(Method):
     batch_size_one = True
     key_knobs = ("window", "init")
     rule = staticmethod(speculative_rule)
+
+    @classmethod
+    def passes(cls, config: SJDConfig, family, length: int) -> dict[str, Passes]:
+        return {"method": Passes({"window": length}, at_most=True)}  # a window commits at least one token
 
     def __init__(self, teacher, config: SJDConfig):
         super().__init__(teacher, config)

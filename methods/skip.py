@@ -14,6 +14,7 @@ import torch
 
 from bench.errors import UserError
 from bench.samples import Samples
+from methods.base import Passes
 from methods.dd_pairs import PairKnobs, rollout
 from methods.onestep import FromPairs
 from teachers.families import ar_token
@@ -38,6 +39,10 @@ class Skip(FromPairs):
     modalities = ("image",)  # the modes come from the pairs, which flow into the tokenizer's code vectors
     Config = SkipConfig
     key_knobs = ("skip",)
+
+    @classmethod
+    def passes(cls, config: SkipConfig, family, length: int) -> dict[str, Passes]:
+        return {"method": Passes({"step": length - config.skip})}
 
     def __init__(self, teacher, config: SkipConfig):
         super().__init__(teacher, config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.errors import UserError
-from methods.base import Method
+from methods.base import Method, Passes
 from teachers.families import multiscale_vq
 
 
@@ -30,6 +30,10 @@ class SkipScales(Method):
     modalities = ("image",)
     Config = SkipScalesConfig
     key_knobs = ("skip",)
+
+    @classmethod
+    def passes(cls, config: SkipScalesConfig, family, length: int) -> dict[str, Passes]:
+        return {"method": Passes({"step": length - config.skip})}
 
     def __init__(self, teacher, config: SkipScalesConfig):
         super().__init__(teacher, config)

@@ -26,6 +26,7 @@ FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tin
          masked_diffusion.FAMILY: [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],
          multiscale_vq.FAMILY: [tiny_var_teacher],
          masked_ar.FAMILY: [LinearGaussianMasked, tiny_masked_mar_teacher, tiny_official_mar_teacher]}
+NFE_KINDS = ("step", "window", "full", "student_step", "lookup")  # the passes a method's NFE counter counts
 SEQUENCE_FAMILIES = (ar_token.FAMILY, masked_diffusion.FAMILY, multiscale_vq.FAMILY)  # samples are (B, N) token ids
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
@@ -105,6 +106,14 @@ def test_method_entry(name, tmp_path):
             else:  # an image: at most one pass per teacher step
                 assert 1 <= out.counters["nfe"] <= steps and out.counters["tokens"] == 1
             assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
+            # What a dry run plans is what the method counts: its declared passes bound (or equal) its NFE.
+            length = len(teacher.patch_nums) if family == multiscale_vq.FAMILY else getattr(teacher, "seq_len", 0)
+            planned = cls.passes(fast, family, length)["method"]
+            declared = sum(n for kind, n in planned.counts.items() if kind in NFE_KINDS)
+            if planned.at_most or family == masked_diffusion.FAMILY:  # MDLM's noise-removal pass may not run
+                assert out.counters["nfe"] <= declared
+            else:
+                assert out.counters["nfe"] == declared, (planned, out.counters)
 
 
 @pytest.mark.parametrize("name", METRICS.names())

@@ -41,6 +41,13 @@ def checkpoints(sp: argparse.ArgumentParser) -> None:
                                                           "names (default $ACCELBENCH_CHECKPOINTS or ./checkpoints)")
 
 
+def dry_run(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--dry-run", action="store_true",
+                    help="plan only: list the files each trial needs under --checkpoints (and which are missing), the "
+                         "samples and forward passes per arm and the estimated device-hours; nothing is trained, "
+                         "loaded or logged")
+
+
 def execution(sp: argparse.ArgumentParser, experiment: bool = False) -> None:
     """The options of every command that runs trials (run, suite, sweep, worker, lambada)."""
     store(sp, experiment)

@@ -28,10 +28,23 @@ def _store_line(uri: str, args, experiment: str) -> str:
             + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
 
 
+def _dry_run(title: str, load, warmup: int) -> int:
+    """Plan with the files listed instead of refused, print the plan (`bench.dryrun`), touch nothing else."""
+    from bench import dryrun, files
+    from bench.cache import checkpoint_dir
+
+    with files.audit():
+        plans = load()
+    print(dryrun.report(title, checkpoint_dir(), [(p, list(p.needs)) for p in plans], warmup))
+    return 0
+
+
 def cmd_run(args) -> int:
     from bench.runner import plan, run_trial
     from bench.tracking import Tracker, tracking_uri
 
+    if args.dry_run:
+        return _dry_run("dry run of one trial", lambda: [plan(_trial_from_args(args))], args.warmup)
     p = plan(_trial_from_args(args))  # validate everything before touching the store or building anything
     opts = options.run_options(args)
     for m in p.metrics:
@@ -70,7 +83,12 @@ def cmd_suite(args) -> int:
     from bench.tracking import Tracker, tracking_uri
     from reports.report import write_report
 
-    suite = load_suite(args.file)  # every trial planned before anything runs
+    if args.dry_run:
+        def load():
+            return load_suite(args.file, n_samples=args.n_samples).plans
+
+        return _dry_run(f"dry run of suite {args.file}", load, args.warmup)
+    suite = load_suite(args.file, n_samples=args.n_samples)  # every trial planned before anything runs
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
     tracker = Tracker(uri, suite.experiment)
@@ -129,6 +147,7 @@ def register(sub) -> None:
     r.add_argument("--batch-size", type=int, default=1, help="samples per sampler call (default 1)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    options.dry_run(r)
     options.execution(r, experiment=True)
     r.set_defaults(func=cmd_run)
 
@@ -136,6 +155,9 @@ def register(sub) -> None:
     su.add_argument("file", help="suite YAML (see suites/default.yaml)")
     su.add_argument("--out", help="report directory (default results/<experiment>)")
     su.add_argument("--force", action="store_true", help="rerun trials that already have a finished run")
+    su.add_argument("--n-samples", type=int, help="replace every trial's sample count (a quick pass over a paper "
+                                                   "suite; the trials' keys change with it)")
+    options.dry_run(su)
     options.execution(su)
     su.set_defaults(func=cmd_suite)
 

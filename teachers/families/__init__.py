@@ -29,6 +29,10 @@ class Family:
     # check(teacher_cls, sampling) -> None: raise ValueError for settings this teacher cannot sample with (e.g. CFG
     # on a teacher without an unconditional branch). Runs at plan time, before any work.
     check: Callable[[type, Any], None] | None = None
+    # passes(sampling, length) -> {kind: count}: what the sampler runs per sample under `sampling` (an upper bound where
+    # a cache may skip some) on a teacher of `length` positions (tokens; scales of a multi-scale teacher), by kind
+    # (`methods.base.Passes`). A dry run plans a trial's cost with it, nothing loaded. By default a step per position.
+    passes: Callable[[Any, int], dict[str, float]] = lambda sampling, length: {"step": length}
 
     def __str__(self) -> str:
         return self.name

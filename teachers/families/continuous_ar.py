@@ -115,4 +115,5 @@ def sample_ar(teacher: ContinuousARTeacher, cond: torch.Tensor, s: SamplingConfi
     return Samples(tokens, cond, Counter(nfe=B * N, tokens=B * N, head_chains=B * N))
 
 
-FAMILY = Family("continuous-ar", SamplingConfig, sample_ar, sampler="ar")
+FAMILY = Family("continuous-ar", SamplingConfig, sample_ar, sampler="ar",
+                passes=lambda s, n: {"step": n, "head_chain": n})

@@ -188,4 +188,5 @@ def generate(m: MaskedARModel, cond: torch.Tensor, s: SamplingConfig, noise: Tok
     return tokens
 
 
-FAMILY = Family("masked-ar", SamplingConfig, sample_mar, sampler="mar")
+FAMILY = Family("masked-ar", SamplingConfig, sample_mar, sampler="mar",
+                passes=lambda s, n: {"step": s.num_iter or n, "head_chain": n})

@@ -113,4 +113,5 @@ def sample_ddim(teacher: ODEDiffusionTeacher, cond: torch.Tensor, s: SamplingCon
     return Samples(traj.states[-1], cond, Counter(nfe=len(cond) * len(traj.timesteps), tokens=len(cond)))
 
 
-FAMILY = Family("ode-diffusion", SamplingConfig, sample_ddim, sampler="ddim")
+FAMILY = Family("ode-diffusion", SamplingConfig, sample_ddim, sampler="ddim",
+                passes=lambda s, n: {"step": s.steps})
