@@ -30,12 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from bench.cache import Cache, keyed
+from bench import files
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, keyed
 from bench.errors import UserError
 from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_decay, optimizer_step, warmup_cosine
 from methods.base import Method
+from methods import dd_released
 from methods.dd_pairs import PairKnobs, generate_pairs, rollout
 from methods.dd_student import DDStudent, VARDDStudent
 from teachers.families import ar_token, multiscale_vq
@@ -66,6 +68,9 @@ class DDConfig(PairKnobs):
     t2: int = 0  # intermediate timestep (1-based: t2 - 1 tokens known); 0 = round(81/256 * n), the paper's ratio
     ts: int = 0  # > 0: pre-trained-ts-t2, the teacher re-generates tokens ts..t2-1 between the two steps (Alg. 4)
     split: int = -1  # positions < split read the logits head, the rest the embedding head; -1 = SPLIT_FRACTION * n
+    # A released DD student (`methods.dd_released`, VAR teachers) in the checkpoints folder, e.g. var-d16.pth, in place
+    # of training one; t2 and split then default to the released commands' (RELEASED_T2_SPLIT). Empty: train our own.
+    student: str = ""
     # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, train_seed
     train_steps: int = 2000  # pairs + training: 11.6 min on 2 cores for digits-ar-c2i (3000 steps: over 15 min)
     batch: int = 128
@@ -92,6 +97,11 @@ class DDConfig(PairKnobs):
         if not (self.lr > 0 and self.ce_weight >= 0 and 0 <= self.ema < 1 and 0 <= self.dropout < 1):
             raise ValueError(f"need lr > 0, ce_weight >= 0, 0 <= ema < 1, 0 <= dropout < 1; got {self.lr}, "
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
+        if self.student:  # at plan time, before any work
+            path = checkpoint_dir() / self.student
+            files.require(path, f"missing {path}: place a released DD student (Hugging Face "
+                                f"microsoft/distilled_decoding, VAR-DD/var-d16.pth ... var-d24.pth) in {path.parent}, "
+                                f"or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,7 @@ def _ema_with_warmup(decay: float):
 
 
 class DD(Method):
-    """Distilled Decoding: a flow-matching-distilled student samples all tokens in 1-2 steps (arXiv:2412.17153)."""
+    """Distilled Decoding (arXiv:2412.17153): a student (ours, or the released one: student=<file>) in 1-2 steps."""
 
     headline = True
     families = (ar_token.FAMILY, multiscale_vq.FAMILY)
@@ -135,26 +145,49 @@ class DD(Method):
         self.known = [0, *itertools.accumulate(p * p for p in teacher.patch_nums)] if self.var else list(
             range(teacher.seq_len + 1))
         n, unit = len(self.known) - 1, "scales" if self.var else "tokens"
+        if config.student and not self.var:
+            raise UserError(f"dd: student={config.student!r}: released students are read for VAR teachers "
+                            f"(var-d16, var-d20, var-d24); on {teacher.family.name} teachers dd trains its own")
         default_t2 = (min(range(2, n + 1), key=lambda t: abs(self.known[t - 1] / teacher.seq_len - VAR_T2_TOKENS))
                       if self.var else max(2, round(T2_FRACTION * n)))
+        default_split = round(SPLIT_FRACTION * n)
+        if config.student and teacher.network.cfg.depth in dd_released.RELEASED_T2_SPLIT:
+            default_t2, default_split = dd_released.RELEASED_T2_SPLIT[teacher.network.cfg.depth]
         self.t2 = config.t2 or default_t2
         if not 2 <= self.t2 <= n:
             raise UserError(f"dd: t2 must be in [2, {n}] for a teacher of {n} {unit}, got {self.t2}")
         if config.ts and not config.ts < self.t2:
             raise UserError(f"dd: ts must be < t2 = {self.t2}, got {config.ts}")
-        split = round(SPLIT_FRACTION * n) if config.split == -1 else config.split
+        split = default_split if config.split == -1 else config.split
         if split > n:
             raise UserError(f"dd: split must be in [0, {n}] (-1: {SPLIT_FRACTION} * n) for a teacher of {n} {unit}, "
                             f"got {split}")
         self.split = self.known[split]  # in tokens
-        self.student: DDStudent | VARDDStudent | None = None
+        self.student: DDStudent | VARDDStudent | dd_released.ReleasedVARDD | None = None
+
+    def caveats(self) -> dict[str, str]:
+        out = {}
+        if self.config.student:
+            out["dd_released_decode"] = ("the released sampler decodes the embedding head's raw vectors past the "
+                                         "split; ours, their nearest codes")
+            if self.config.steps == 2 and self.split < self.known[self.t2 - 1]:
+                out["dd_released_carry"] = ("split < t2 - 1: the released second step reads the first step's raw "
+                                            "embeddings at known positions past the split; ours, their nearest codes")
+        if self.var and self.config.ts > 1:
+            out["dd_prefix_pass"] = ("the teacher reads the kept scales in one pass under VAR's block-causal mask; the "
+                                     "released pass has no mask (earlier scales also see later ones)")
+        return out
 
     def _new_student(self, dropout: float = 0.0) -> DDStudent | VARDDStudent:
         return (VARDDStudent if self.var else DDStudent)(self.teacher.network, self.teacher.codebook, dropout)
 
     def fit(self, *, cache: Cache) -> dict[str, float]:
-        """The student, cached; the pairs are generated (or loaded) only when it has to be trained."""
+        """The student, cached; the pairs are generated (or loaded) only when it has to be trained. A released
+        student is read from its file instead."""
         cfg = self.config
+        if cfg.student:
+            self.student = dd_released.load(checkpoint_dir() / cfg.student, self.teacher)
+            return {"n_params": float(sum(p.numel() for p in self.student.parameters())), "student_cached": 1.0}
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
                     STUDENT_VERSION)

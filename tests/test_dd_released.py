@@ -1,0 +1,157 @@
+"""DD's released VAR students (microsoft/distilled_decoding, `methods.dd_released`): parity with the official
+`DD_Model` on tiny random weights, the full-size key sets, the released file layout, and `dd --param student=...`
+through the CLI on the tiny VAR (tests/fixtures/dd/MAKING.md says how the fixtures were made)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench.errors import UserError
+from methods import dd_released
+from methods.dd_released import BUFFERS, ReleasedVARDD
+from teachers.networks.var import VAR, VARConfig
+
+FIXTURES = Path(__file__).parent / "fixtures" / "dd"
+TINY = VARConfig(depth=2, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4), embed_dim=32, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def official():
+    return torch.load(FIXTURES / "var_dd_tiny_parity.pt", weights_only=True)
+
+
+def write_release(path: Path, state: dict) -> None:
+    """A student file as the release has it: the trainer's state, EMA weights and raw weights (made different, so a
+    loader that read the raw ones would fail)."""
+    raw = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    torch.save({"trainer": {"ema_parameters": state, "var_wo_ddp": raw, "config": {"patch_nums": (1, 2, 3, 4)}}},
+               path)
+
+
+@pytest.fixture(scope="module")
+def student(official, tmp_path_factory):
+    path = tmp_path_factory.mktemp("release") / "var-tiny.pth"
+    write_release(path, official["state_dict"])
+    teacher = SimpleNamespace(name="tiny", network=VAR(TINY), codebook=official["codebook"])
+    return dd_released.load(path, teacher)
+
+
+def test_the_released_student_computes_what_dd_model_does(official, student):
+    """`DD_Model.forward` at t = 0 and 2 known scales, and `sample.py`'s loop (t_list, loss_split_t) from the same
+    noise, within 1e-5; the family's ids are the nearest codes of the released sequence."""
+    f = official
+    for t, out in f["forward"].items():
+        emb, logits = student(f["labels"], f["x_in"], t)
+        torch.testing.assert_close(emb, out["x_BLCv"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits, out["logits"], atol=1e-5, rtol=0)
+    cond = f["labels"][:, None]
+    for key, ref in f["samples"].items():  # "t_list/split", e.g. "0,2/3": 2 steps {1, 3}, logits before scale 3
+        t_list, split = [int(t) for t in key.split("/")[0].split(",")], student.ends[int(key.split("/")[1])]
+        x, noise = f["noise"], f["noise"]
+        for t in t_list:
+            k = student.ends[t]
+            x = student.step(f["labels"], torch.cat([x[:, :k], noise[:, k:]], 1), k, split)
+        torch.testing.assert_close(x, ref, atol=1e-5, rtol=0)
+        if split >= student.ends[t_list[-1]]:  # what `dd` samples (ids between the steps) is then the same
+            ids = torch.zeros(3, x.shape[1], dtype=torch.long)
+            for t in t_list:
+                ids = student.predict(cond, ids, noise, student.ends[t], split)
+            assert torch.equal(ids, student.nearest(ref)), key
+
+
+def test_app_b_attention_is_not_the_released_one(official, student):
+    """Broken variant: App. B's attention (tokens of a step see each other) in place of the released bias (earlier
+    scales and itself) changes the output."""
+    f = official
+    bias = student.attn_bias
+    level = student.lvl_1L[0]
+    try:
+        student.attn_bias = torch.where(level[None, :] <= level[:, None], 0.0, -torch.inf)[None, None]
+        emb, _ = student(f["labels"], f["x_in"], 0)
+    finally:
+        student.attn_bias = bias
+    assert (emb - f["forward"][0]["x_BLCv"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("depth", [16, 20, 24])
+def test_full_size_key_sets_are_the_released_ones(depth):
+    """VAR-d16/20/24-DD (327 M, 635 M, 1.09 B): our network's keys and shapes are the official DD_Model's (listed by
+    the official code in var_dd_keys.json) less the buffers computed here."""
+    official = json.loads((FIXTURES / "var_dd_keys.json").read_text())[f"var-d{depth}"]
+    with torch.device("meta"):
+        net = ReleasedVARDD(VAR(VARConfig(depth=depth)), torch.empty(4096, 32))
+    read = lambda keys: {k: list(s) for k, s in keys if k.rsplit(".", 1)[-1] not in BUFFERS}  # noqa: E731
+    assert read((k, v.shape) for k, v in net.state_dict().items()) == read(official.items())
+    params = sum(p.numel() for p in net.parameters())
+    paper = {16: 327e6, 20: 635e6, 24: 1.09e9}[depth]  # Table 1's #Para of the DD rows (328.2 M, 635.4 M, 1.092 B)
+    assert abs(params / paper - 1) < 0.005
+
+
+def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_path):
+    teacher = SimpleNamespace(name="tiny", network=VAR(TINY), codebook=official["codebook"])
+    torch.save(official["state_dict"], tmp_path / "raw.pth")
+    with pytest.raises(UserError, match="not a released VAR-DD file"):
+        dd_released.load(tmp_path / "raw.pth", teacher)
+    write_release(tmp_path / "short.pth", {k: v for k, v in official["state_dict"].items() if "final_layer" not in k})
+    with pytest.raises(UserError, match="does not fit teacher 'tiny': missing keys.*final_layer_conti"):
+        dd_released.load(tmp_path / "short.pth", teacher)
+    wide = SimpleNamespace(name="wide", network=VAR(VARConfig(**{**TINY.__dict__, "embed_dim": 64})),
+                           codebook=official["codebook"])
+    with pytest.raises(UserError, match="does not fit teacher 'wide'"):
+        dd_released.load(tmp_path / "short.pth", wide)
+
+
+def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
+    """`dd --param student=<file>` on `tiny-var`: a tiny random student in the released layout sampled in 1 and 2
+    steps (nothing trained); a missing file is one line naming it and --checkpoints, before any work."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from bench.rng import seeded
+    from tests.fakes import tiny_var_teacher
+
+    teacher = tiny_var_teacher()
+    with seeded(0):
+        net = ReleasedVARDD(teacher.network, teacher.codebook)
+    with torch.no_grad():
+        for p in net.parameters():  # every part of the network in play (several are zero at init)
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    write_release(tmp_path / "var-dd-tiny.pth", net.state_dict())
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["run", "--teacher", "tiny-var", "--method", "dd", "--n-samples", "4", "--batch-size", "2",
+            "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "rel", "--warmup", "0",
+            "--no-progress", "--checkpoints", str(tmp_path), "--param", "student=var-dd-tiny.pth"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--param", "steps=2", "--param", "t2=3"]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("rel").experiment_id])
+    assert sorted(r.data.metrics["nfe_per_sample"] for r in runs) == [1, 2]
+    assert all(r.data.params["student"] == "var-dd-tiny.pth" for r in runs)
+    assert not (tmp_path / "cache" / "dd-pairs").exists()  # a released student trains nothing
+    capsys.readouterr()
+    assert cli.main([*args[:-1], "student=var-d16.pth"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/var-d16.pth" in err and "--checkpoints" in err
+    assert len(client.search_runs([client.get_experiment_by_name("rel").experiment_id])) == 2  # refused at plan time
+
+
+def test_released_defaults_follow_the_released_commands(tmp_path, monkeypatch):
+    """With a student and no t2/split, d16 samples at {1, 6} with split 5 and d20/d24 at {1, 5} with split 4
+    (VAR/README.md); a student on an AR-token teacher is refused in one line."""
+    from methods.dd import DD, DDConfig, VARDDConfig
+    from teachers.families import multiscale_vq
+    from tests.fakes import make_config, tiny_gpt_teacher
+
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    (tmp_path / "s.pth").touch()
+    for depth, t2, split in ((16, 6, 55), (20, 5, 30), (24, 5, 30)):
+        teacher = SimpleNamespace(family=multiscale_vq.FAMILY, patch_nums=VARConfig().patch_nums, seq_len=680,
+                                  network=SimpleNamespace(cfg=VARConfig(depth=depth)), codebook=None)
+        method = DD(teacher, make_config(VARDDConfig, student="s.pth", steps=2))
+        assert (method.t2, method.split) == (t2, split)
+    with pytest.raises(UserError, match="released students are read for VAR teachers"):
+        DD(tiny_gpt_teacher(), make_config(DDConfig, student="s.pth"))
