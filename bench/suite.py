@@ -11,9 +11,10 @@ from typing import Any
 from tqdm import tqdm
 
 from bench.cache import Cache
-from bench.config import check_seeds, read_yaml_mapping
+from bench.config import check_seeds, knobs, read_yaml_mapping
 from bench.errors import UserError
 from bench.paper import check_paper
+from bench.registry import METHODS, TEACHERS
 from bench.runner import Plan, RunOptions, plan, run_trial
 from bench.tracking import Tracker
 from bench.trial import Trial
@@ -27,9 +28,20 @@ class Suite:
     plans: tuple[Plan, ...]  # planned (every knob resolved), one per (entry, seed)
 
 
-def load_suite(path: str, *, n_samples: int | None = None) -> Suite:
+def _overridden(entry: dict[str, Any], overrides: dict[str, Any], used: set[str]) -> dict[str, Any]:
+    """`entry` with the `overrides` that are knobs of its method on its teacher's family set in its params."""
+    if not overrides or not isinstance(entry.get("method"), str) or not isinstance(entry.get("teacher"), str):
+        return entry
+    config_cls = METHODS.get(entry["method"]).config_class(TEACHERS.get(entry["teacher"]).family)
+    mine = {k: v for k, v in overrides.items() if k in knobs(config_cls)}
+    used.update(mine)
+    return {**entry, "params": {**entry.get("params", {}), **mine}} if mine else entry
+
+
+def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, Any] | None = None) -> Suite:
     """Parse and validate every trial of the file before anything runs. `n_samples` replaces every trial's sample
-    count (a quick pass over a paper suite; the trial keys change with it)."""
+    count and `overrides` sets knobs in every trial whose method has them (a quick pass over a paper suite, e.g. with
+    a few training steps; the trial keys change with them)."""
     data = read_yaml_mapping(path, "suite file", SUITE_FIELDS)
     experiment = data.get("experiment")
     if not isinstance(experiment, str) or not experiment:
@@ -39,7 +51,7 @@ def load_suite(path: str, *, n_samples: int | None = None) -> Suite:
     entries = data.get("trials")
     if not isinstance(defaults, dict) or not isinstance(entries, list) or not entries:
         raise UserError(f"suite file {path}: 'defaults' must be a mapping and 'trials' a non-empty list")
-    plans = []
+    plans, used = [], set()
     if n_samples is not None and (isinstance(n_samples, bool) or n_samples <= 0):
         raise UserError(f"--n-samples must be a positive integer, got {n_samples}")
     for i, entry in enumerate(entries):
@@ -48,13 +60,15 @@ def load_suite(path: str, *, n_samples: int | None = None) -> Suite:
         entry = dict(entry)
         paper = check_paper(entry.pop("paper"), f"suite file {path}: trial {i}") if "paper" in entry else {}
         for seed in seeds:
-            merged: dict[str, Any] = {**defaults, **entry, "seed": seed}
+            merged: dict[str, Any] = _overridden({**defaults, **entry, "seed": seed}, overrides or {}, used)
             if n_samples is not None:
                 merged["n_samples"] = n_samples
             try:
                 plans.append(plan(Trial.from_mapping(merged), paper=paper))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
+    if unused := sorted(set(overrides or {}) - used):
+        raise UserError(f"suite file {path}: --param {unused[0]} is a knob of none of its trials' methods")
     return Suite(experiment, tuple(plans))
 
 

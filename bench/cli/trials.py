@@ -83,12 +83,13 @@ def cmd_suite(args) -> int:
     from bench.tracking import Tracker, tracking_uri
     from reports.report import write_report
 
+    overrides = options.parse_params(args.param)
     if args.dry_run:
         def load():
-            return load_suite(args.file, n_samples=args.n_samples).plans
+            return load_suite(args.file, n_samples=args.n_samples, overrides=overrides).plans
 
         return _dry_run(f"dry run of suite {args.file}", load, args.warmup)
-    suite = load_suite(args.file, n_samples=args.n_samples)  # every trial planned before anything runs
+    suite = load_suite(args.file, n_samples=args.n_samples, overrides=overrides)  # planned before anything runs
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
     tracker = Tracker(uri, suite.experiment)
@@ -157,6 +158,9 @@ def register(sub) -> None:
     su.add_argument("--force", action="store_true", help="rerun trials that already have a finished run")
     su.add_argument("--n-samples", type=int, help="replace every trial's sample count (a quick pass over a paper "
                                                    "suite; the trials' keys change with it)")
+    su.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a knob in every trial whose method has it (e.g. train_steps=10 for a quick pass); "
+                         "repeatable")
     options.dry_run(su)
     options.execution(su)
     su.set_defaults(func=cmd_suite)
