@@ -25,19 +25,19 @@ import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, keyed
 from bench.errors import UserError
 from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_decay, optimizer_step, warmup_cosine
-from methods.base import Method
 from methods import dd_released
+from methods.base import Method, Passes
 from methods.dd_pairs import PairKnobs, generate_pairs, rollout
 from methods.dd_student import DDStudent, VARDDStudent
 from teachers.families import ar_token, multiscale_vq
@@ -97,11 +97,6 @@ class DDConfig(PairKnobs):
         if not (self.lr > 0 and self.ce_weight >= 0 and 0 <= self.ema < 1 and 0 <= self.dropout < 1):
             raise ValueError(f"need lr > 0, ce_weight >= 0, 0 <= ema < 1, 0 <= dropout < 1; got {self.lr}, "
                              f"{self.ce_weight}, {self.ema}, {self.dropout}")
-        if self.student:  # at plan time, before any work
-            path = checkpoint_dir() / self.student
-            files.require(path, f"missing {path}: place a released DD student (Hugging Face "
-                                f"microsoft/distilled_decoding, VAR-DD/var-d16.pth ... var-d24.pth) in {path.parent}, "
-                                f"or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
 
 
 @dataclass(frozen=True)
@@ -164,6 +159,30 @@ class DD(Method):
                             f"got {split}")
         self.split = self.known[split]  # in tokens
         self.student: DDStudent | VARDDStudent | dd_released.ReleasedVARDD | None = None
+
+    @classmethod
+    def passes(cls, config: DDConfig, family, length: int) -> dict[str, Passes]:
+        """DD's steps are student passes over every position ("full"); pre-trained-ts-t2 adds the teacher's passes
+        (`teacher_passes`). A dry run knows the teacher's length only: a VAR t2 left at 0 is taken as the paper's 6 of
+        10 scales scaled to `length` (the default reads the scales' sizes: 2 of 4 on tiny-var, as this gives)."""
+        var = family is multiscale_vq.FAMILY
+        if not config.ts:
+            return {"method": Passes({"full": config.steps})}
+        t2 = config.t2 or (max(2, round(0.6 * length)) if var else max(2, round(T2_FRACTION * length)))
+        return {"method": Passes({"full": 1 + (config.ts > 1), "step": teacher_passes(config.ts, t2, var=var)})}
+
+    @classmethod
+    def trains(cls, config: DDConfig) -> bool:
+        return not config.student
+
+    @classmethod
+    def required_files(cls, config: DDConfig) -> dict[Path, str]:
+        if not config.student:
+            return {}
+        path = checkpoint_dir() / config.student
+        return {path: f"missing {path}: place a released DD student (Hugging Face microsoft/distilled_decoding, "
+                      f"VAR-DD/var-d16.pth ... var-d24.pth) in {path.parent}, or name its folder with --checkpoints "
+                      f"or {CHECKPOINTS_ENV}"}
 
     def caveats(self) -> dict[str, str]:
         out = {}
@@ -261,7 +280,7 @@ class DD(Method):
             return self._teacher_scales(cond, tokens, generator)
         tokens[:, ts - 1 : t2 - 1] = rollout(self.teacher, cond, self.config.sampling, t2 - ts,
                                              lambda i, probs: draw(probs, generator), prefix=tokens[:, : ts - 1])
-        return (t2 - ts) + (ts > 1)
+        return teacher_passes(ts, t2, var=False)
 
     def _teacher_scales(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
         """`_teacher_segment` on VAR: one pass reads the condition and scales 1..ts-1 (`start`'s prefix, under VAR's
@@ -275,4 +294,10 @@ class DD(Method):
                 multiscale_vq.guide(logits, len(cond), s.cfg, si, K), s), generator)
             if si + 1 < self.t2 - 1:
                 logits = t.next_scale(state, tokens[:, scale])
-        return self.t2 - ts
+        return teacher_passes(ts, self.t2, var=True)
+
+
+def teacher_passes(ts: int, t2: int, *, var: bool) -> int:
+    """The teacher's forward passes in pre-trained-ts-t2 (`DD._teacher_segment`): t2 - ts on VAR, one more on the
+    AR-token family when a prefix is read."""
+    return (t2 - ts) + (not var and ts > 1)

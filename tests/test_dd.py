@@ -182,3 +182,5 @@ def test_pre_trained_ts_t2_passes_are_the_networks_calls(tmp_path, ts, t2):
                             generator=torch.Generator().manual_seed(0))
     assert calls == {"teacher": (t2 - ts) + (ts > 1), "student": 1 + (ts > 1)}
     assert out.counters["nfe"] == 2 * sum(calls.values())
+    planned = DD.passes(method.config, teacher.family, teacher.seq_len)["method"].counts
+    assert planned == {"full": calls["student"], "step": calls["teacher"]}  # what a dry run plans

@@ -139,15 +139,13 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     assert len(client.search_runs([client.get_experiment_by_name("rel").experiment_id])) == 2  # refused at plan time
 
 
-def test_released_defaults_follow_the_released_commands(tmp_path, monkeypatch):
+def test_released_defaults_follow_the_released_commands():
     """With a student and no t2/split, d16 samples at {1, 6} with split 5 and d20/d24 at {1, 5} with split 4
     (VAR/README.md); a student on an AR-token teacher is refused in one line."""
     from methods.dd import DD, DDConfig, VARDDConfig
     from teachers.families import multiscale_vq
     from tests.fakes import make_config, tiny_gpt_teacher
 
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
-    (tmp_path / "s.pth").touch()
     for depth, t2, split in ((16, 6, 55), (20, 5, 30), (24, 5, 30)):
         teacher = SimpleNamespace(family=multiscale_vq.FAMILY, patch_nums=VARConfig().patch_nums, seq_len=680,
                                   network=SimpleNamespace(cfg=VARConfig(depth=depth)), codebook=None)
@@ -155,3 +153,4 @@ def test_released_defaults_follow_the_released_commands(tmp_path, monkeypatch):
         assert (method.t2, method.split) == (t2, split)
     with pytest.raises(UserError, match="released students are read for VAR teachers"):
         DD(tiny_gpt_teacher(), make_config(DDConfig, student="s.pth"))
+    assert not DD.trains(make_config(VARDDConfig, student="s.pth")) and DD.trains(VARDDConfig())

@@ -137,3 +137,5 @@ def test_pre_trained_ts_t2_costs_the_papers_passes(teacher, tmp_path, ts, t2):
     expected = t2 if ts == 1 else 2 + t2 - ts
     assert calls == {"teacher": t2 - ts, "student": expected - (t2 - ts)}
     assert out.counters["nfe"] == 2 * expected
+    planned = DD.passes(method.config, multiscale_vq.FAMILY, len(teacher.patch_nums))["method"].counts
+    assert planned == {"full": calls["student"], "step": calls["teacher"]}  # what a dry run plans
