@@ -13,13 +13,23 @@ count, each round's student becoming the next round's teacher (shared/notes/sdtt
   code does. Sampling uses the EMA weights.
 Every round's student is cached (keyed by everything that determines it), so a trial with `rounds = 3` reuses the
 round-2 student of an earlier trial and the students of every round can be evaluated.
+
+`student=<folder>` takes one of SDTT's released students instead (`methods.sdtt_released`: a revision of the Hugging
+Face repo jdeschena/sdtt, e.g. `baselines_kld_step_70000`, the reverse-KL student after round 7): nothing is
+trained, and `divergence`, `distill_steps` and `rounds` are the release's, so the run's parameters say which student
+it was. It samples with the released sampler (core/sampling/ancestral.py `MultiRoundSDTT.sample`), which is the
+family's ancestral sampler: the same log-linear move chances, the same final argmax over real tokens when masks
+remain, no nucleus, no cache (`cache` stays the teacher's setting: the same samples, fewer passes). One difference,
+a named mode (`student_draw`): the released code draws each step's tokens by a float32 exponential race.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,12 +39,14 @@ from bench.config import config_dict
 from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step
+from methods import sdtt_released as released
 from methods.base import Method, OwnSampler
 from teachers import load_teacher
 from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
 
 Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
+Draw = Literal["exact", "released-fp32"]
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
 
 
@@ -57,6 +69,16 @@ def divergence(student: torch.Tensor, target: torch.Tensor, kind: Divergence) ->
     if kind == "tvd-log":
         return (student - target).abs().sum(-1).mean()
     raise ValueError(f"unknown divergence {kind!r}")
+
+
+def released_draw(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """SDTT's released draw (`sample_categorical`, core/sampling/ancestral.py) from unnormalised q (..., V): argmax of
+    q / E with E = 1e-10 - log(U + 1e-10), U uniform, in float32 (the dtype of the released sampler's q). An
+    exponential race, exact in real numbers; in float32 its rounding truncates the race, which lowers the diversity of
+    the draws (Zheng et al. 2024a, the precision issue SDTT's appendix samples in float64 for). -> (...)"""
+    q = q.float()
+    u = torch.rand(q.shape, generator=generator, device=q.device)
+    return (q / (1e-10 - (u + 1e-10).log())).argmax(-1)
 
 
 @torch.no_grad()
@@ -98,6 +120,12 @@ class SDTTConfig:
     # the causal LM with a KV cache, trained on the same chunks, sampled in the same run as the "ar" arm
     ar_arm: bool = True
     ar_top_p: float = 1.0
+    # A released student: a folder of the checkpoints folder holding one revision of jdeschena/sdtt; empty: distil.
+    student: str = ""
+    # The student arm's draw of each step's tokens: "exact", the family's float64 inverse-CDF draw (every reference
+    # arm's), or "released-fp32", the released sampler's float32 race (`released_draw`).
+    student_draw: Draw = "exact"
+    release: ClassVar[Any] = None  # the student's `sdtt_released.Release`, read at plan time
 
     def __post_init__(self):
         for name in ("rounds", "iters_per_round", "batch"):
@@ -105,7 +133,9 @@ class SDTTConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.distill_steps < 2:
             raise ValueError(f"distill_steps must be >= 2, got {self.distill_steps}")
-        if self.sampling.steps % self.distill_steps ** self.rounds:
+        if self.student:
+            self._take_release(released.read(self.student))
+        elif self.sampling.steps % self.distill_steps ** self.rounds:
             raise ValueError(f"steps={self.sampling.steps} must be divisible by distill_steps^rounds = "
                              f"{self.distill_steps ** self.rounds}")
         if self.student_steps < 0 or self.lr_warmup < 0:
@@ -114,10 +144,24 @@ class SDTTConfig:
             raise ValueError(f"need lr > 0, 0 <= ema < 1, 0 < ar_top_p <= 1; got {self.lr}, {self.ema}, "
                              f"{self.ar_top_p}")
 
+    def _take_release(self, release: "released.Release") -> None:
+        """The release's divergence, m/k and round (its folder's name) replace the knobs' defaults; a knob set to
+        something else contradicts the student, in one line."""
+        fields = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, value in (("divergence", release.divergence), ("distill_steps", release.distill_steps),
+                            ("rounds", release.round or self.rounds)):
+            if getattr(self, name) not in (fields[name], value):
+                raise ValueError(f"student {self.student!r} has {name}={value} (its release); got "
+                                 f"{name}={getattr(self, name)}")
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "release", release)
+
     @property
     def student_sampling(self) -> md.SamplingConfig:
-        """The student's sampler: `student_steps` (0 = T_0 / (m/k)^rounds) with the teacher's `cache` setting."""
-        steps = self.student_steps or self.sampling.steps // self.distill_steps ** self.rounds
+        """The student's sampler: `student_steps` (0 = T_0 / (m/k)^rounds, T_0 the release's first step count for a
+        released student: 1024 / 2^7 = 8 after round 7) with the teacher's `cache` setting."""
+        t0 = self.release.first_steps if self.student else self.sampling.steps
+        steps = self.student_steps or t0 // self.distill_steps ** self.rounds
         return md.SamplingConfig(steps, self.sampling.cache)
 
 
@@ -126,13 +170,15 @@ TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch
 
 
 class SDTT(Method):
-    """Iterated self-distillation of an MDLM: the round-`rounds` student sampled with T_0 / (m/k)^rounds steps."""
+    """Iterated self-distillation of an MDLM, or a released SDTT student (`student=<folder>`), sampled in few steps.
+
+    The round-`rounds` student samples with T_0 / (m/k)^rounds steps."""
 
     headline = True
     families = (md.FAMILY,)
     modalities = ("text",)
     Config = SDTTConfig
-    key_knobs = ("divergence", "rounds", "student_steps")
+    key_knobs = ("divergence", "rounds", "student_steps", "student")
 
     def __init__(self, teacher, config: SDTTConfig):
         super().__init__(teacher, config)
@@ -142,8 +188,11 @@ class SDTT(Method):
     def fit(self, *, cache: Cache) -> dict[str, float]:
         """The last round's EMA weights (what sampling uses) are an entry of their own ("sdtt-ema", a quarter of a
         round's full state, the one the model zoo ships); the rounds' full states are built and cached only when it
-        is missing."""
+        is missing. A released student is loaded, checked against the teacher, and nothing is trained."""
         cfg = self.config
+        if cfg.student:
+            self.student = released.load(cfg.release, self.teacher)
+            return {"student_sampling_steps": float(cfg.student_sampling.steps)}
         knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
         blob, cached = cache.get_or_build("sdtt-ema", keyed(self.teacher, knobs, cfg.rounds, STUDENT_VERSION),
                                           lambda: self._rounds(knobs, cache))
@@ -207,8 +256,20 @@ class SDTT(Method):
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         if self.student is None:
             raise RuntimeError("sdtt: call fit() before sample()")
+        step = functools.partial(md.reverse_step, draw_fn=released_draw) \
+            if self.config.student_draw == "released-fp32" else None
         return md.sample_ancestral(self.denoise, cond, self.teacher.seq_len, self.teacher.mask_id,
-                                   self.config.student_sampling, generator=generator)
+                                   self.config.student_sampling, generator=generator, step=step)
+
+    def caveats(self) -> dict[str, str]:
+        if not self.config.student:
+            return {}
+        out = {"sdtt_released_weights": "the released files hold the checkpoint's raw weights (push_to_hub.py loads "
+                                        "its state_dict); the paper samples with the EMA (from_ema: True)"}
+        if self.config.student_draw == "exact":
+            out["sdtt_draw"] = ("the student draws with the family's exact float64 sampler; the released one races "
+                                "in float32 (student_draw=released-fp32)")
+        return out
 
     def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its

@@ -478,6 +478,38 @@ def write_sdtt_checkpoints(folder: Path) -> None:
         (folder / f"webtext.{split}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part))
 
 
+def write_sdtt_student(folder: Path, revision: str, *, distill_mode: str = "kl-bwd", seed: int = 1, **model) -> Path:
+    """A released SDTT student for the tiny `mdlm-owt` of `write_sdtt_checkpoints` in `folder`: `folder/revision/`
+    with config.json in the release's layout (the official run's config of tests/fixtures/sdtt, its `model` sized
+    like the teacher, or by `model`) and random weights under `backbone.` keys."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
+
+    teacher = json.loads((folder / "mdlm-owt" / "config.json").read_text())
+    config = json.loads((Path(__file__).parent / "fixtures" / "sdtt" / "baselines_kld_step_70000" /
+                         "config.json").read_text())
+    config["model"].update({"hidden_size": teacher["hidden_dim"], "cond_dim": teacher["cond_dim"],
+                            "length": teacher["model_length"], "n_blocks": teacher["n_blocks"],
+                            "n_heads": teacher["n_heads"], **model})
+    config["parameterization"]["distill_mode"] = distill_mode
+    m = config["model"]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        net = MDLMDiT(MDLMDiTConfig(vocab_size=teacher["vocab_size"], hidden_size=m["hidden_size"],
+                                    cond_dim=m["cond_dim"], length=m["length"], n_blocks=m["n_blocks"],
+                                    n_heads=m["n_heads"]))
+        for p in net.parameters():
+            torch.nn.init.normal_(p, std=0.1)
+    (folder / revision).mkdir(parents=True)
+    save_file({f"backbone.{k}": v.contiguous() for k, v in net.state_dict().items()},
+              folder / revision / "model.safetensors")
+    (folder / revision / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
+    return folder / revision
+
+
 class TinyMDLMOWT(MDLMOWT):
     """`mdlm-owt` on the tiny files of `write_sdtt_checkpoints` (a folder of this test process)."""
 

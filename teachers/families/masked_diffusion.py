@@ -98,15 +98,16 @@ def nelbo(logits: torch.Tensor, x: torch.Tensor, z: torch.Tensor, t: torch.Tenso
 
 
 def reverse_step(logp: torch.Tensor, z: torch.Tensor, t: float | torch.Tensor, s: float | torch.Tensor, mask_id: int,
-                 generator: torch.Generator | None) -> torch.Tensor:
+                 generator: torch.Generator | None, draw_fn: Callable = draw) -> torch.Tensor:
     """One ancestral step z_t -> z_s (MDLM Eq. 7 with SUBS): a masked token stays masked with probability
     (1 - alpha_s) / (1 - alpha_t), else takes a token drawn from x_theta; unmasked tokens are carried over.
-    t and s are floats or per-sequence (B,) tensors."""
+    t and s are floats or per-sequence (B,) tensors. `draw_fn(q, generator)` draws from the unnormalised q (default:
+    the exact float64 draw; SDTT's released float32 race is `methods.sdtt.released_draw`)."""
     mc_t, mc_s = (torch.as_tensor(mask_prob(torch.as_tensor(v, dtype=torch.float64)), device=z.device)
                   .reshape(-1, 1, 1) for v in (t, s))  # (B or 1, 1, 1)
     q = logp.double().exp() * (mc_t - mc_s)  # (B, L, V + 1), unnormalised by mc_t (the draw normalises)
     q[..., mask_id] = mc_s[..., 0]
-    return torch.where(z == mask_id, draw(q, generator), z)
+    return torch.where(z == mask_id, draw_fn(q, generator), z)
 
 
 def time_grid(steps: int) -> torch.Tensor:
@@ -116,13 +117,13 @@ def time_grid(steps: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], cond: torch.Tensor, seq_len: int, mask_id: int,
-                     s: SamplingConfig, *, generator: torch.Generator) -> Samples:
+                     s: SamplingConfig, *, generator: torch.Generator, step: Callable | None = None) -> Samples:
     """T ancestral steps from all-MASK, then MDLM's "noise removal": if a token is still masked, one more forward pass
     fills every masked token with its argmax. NFE counts real forward passes (fewer than T with `cache`).
 
     `cond` (B, P) is a prompt, P = 0 for unconditional samples: its tokens fill the first P positions from the start,
     unmasked, so SUBS carries them through every step (the in-painting of SDTT's `project_fn`, which writes the
-    prompt back after each step, gives the same samples)."""
+    prompt back after each step, gives the same samples). `step` replaces `reverse_step` (same arguments)."""
     batch, device = len(cond), cond.device
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
     z[:, : cond.shape[1]] = cond
@@ -131,7 +132,7 @@ def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], cond: torc
     for t, t_next in zip(ts[:-1], ts[1:]):
         if logp is None or not s.cache:
             logp, nfe = denoise(z), nfe + 1
-        z_next = reverse_step(logp, z, t, t_next, mask_id, generator)
+        z_next = (step or reverse_step)(logp, z, t, t_next, mask_id, generator)
         if not torch.equal(z_next, z):
             logp = None
         z = z_next
@@ -149,4 +150,5 @@ def sample_teacher(teacher: MaskedDiffusionLM, cond: torch.Tensor, s: SamplingCo
     return sample_ancestral(teacher.denoise, cond, teacher.seq_len, teacher.mask_id, s, generator=generator)
 
 
-FAMILY = Family("masked-diffusion-lm", SamplingConfig, sample_teacher, sampler="mdlm")
+FAMILY = Family("masked-diffusion-lm", SamplingConfig, sample_teacher, sampler="mdlm",
+                passes=lambda s, n: {"step": s.steps + 1})
