@@ -1,16 +1,48 @@
-"""Generative perplexity: how likely an evaluator LM finds the generated texts (MDLM / SDTT, arXiv:2410.21035 §3.1 of the
-note), always reported with the evaluator in its key and next to the unigram entropy (`metrics.text_entropy`).
+"""Generative perplexity: how likely an evaluator LM finds the generated samples (MDLM, arXiv:2406.07524; SDTT,
+arXiv:2410.21035 §4 "Generative perplexity": GPT-2 large, Llama-3 8B at scale), always reported with the evaluator in
+its key and next to the unigram entropy (`metrics.text_entropy`).
 
-As SDTT's evaluation code: each sample is re-tokenised by the evaluator, its mean NLL over its next-token predictions
-is taken, and gen-PPL = exp(mean over samples of those means). Evaluators:
-- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m-instruct-q4"): SmolLM2-135M-Instruct, Q4_1 dequantised
-  to float32 (the registered teacher `smollm2-135m-instruct`, `teachers.pretrained.smollm2`), batched with right
-  padding and an attention mask; like GPT-2 in SDTT's code it gets no BOS, so a sample's first token is context only
-  and texts of fewer than 2 tokens are not scored;
-- `gen_ppl@tiny` (key "gen_ppl.<teacher.companion_lm>"): the causal LM trained on the teacher's own corpus and tokenizer
-  (seconds instead of minutes); it reads a BOS, so every token is scored; newlines are its EOS separators again;
-- `gen_ppl@hf:<folder>` (key "gen_ppl.<folder's name>", e.g. "gen_ppl.gpt2-large", SDTT's evaluator): any Hugging Face
-  causal LM in a local folder (the teacher `hf:<folder>`, `teachers.pretrained.hf_folder`), in float32, as SmolLM2.
+A Hugging Face causal-LM evaluator scores under one of two released protocols, a named choice written after the
+evaluator (`gen_ppl@hf:gpt2-large:mdlm`) and the last part of the key (`gen_ppl.gpt2-large.mdlm`):
+- `sdtt` (the default): SDTT's `uncond_eval` (jdeschena/sdtt 9172b86, src/sdtt/run_eval.py:192-275). When the
+  evaluator reads the teacher's tokenizer (GPT-2 large on MDLM-OWT's GPT-2 tokens), the sampled token ids themselves
+  are scored, not a re-tokenisation of their text (run_eval.py:227-238): an end-of-text token stays where it was
+  sampled and is scored like any other, nothing is prepended, so a sample's first token is context only and every
+  later one is predicted from all before it (1023 predictions of a 1024-token sample); batches of 8 equally long
+  rows (src/sdtt/configs/config.yaml:117) without padding or attention mask, in float32 (run_eval.py:214). With
+  another tokenizer (SDTT's Llama-3 8B, run_eval.py:148-161): the text without its end-of-text tokens (our teachers
+  decode without special tokens; GPT-2's only one is `<|endoftext|>`, which SDTT removes), stripped, tokenised by the
+  evaluator with its own special tokens (Llama-3's BOS: then every token of the text is scored). Either way gen-PPL =
+  exp(mean over samples of each sample's mean NLL) (run_eval.py:238, 254-258).
+- `mdlm`: MDLM's `compute_generative_perplexity` (kuleshov-group/mdlm c112c52, diffusion.py:514-573), which always
+  re-tokenises: the samples decoded with their end-of-text tokens kept (diffusion.py:426; a teacher whose texts
+  carry no ids, a tiny one, gives them as it decodes them), tokenised by the evaluator, cut to the teacher's sequence
+  length (`max_length` = the model's length, diffusion.py:532-533) and right-padded with its EOS
+  (diffusion.py:131-135) to the longest text of the update (of the sampled batch in MDLM, diffusion.py:505), with an
+  attention mask; scored 8 rows at a time (configs/config.yaml:51) in windows of the evaluator's context (1024 for
+  GPT-2, diffusion.py:504, 550-557), each window read alone, its first token context only; a target counts unless it
+  is an end-of-text token other than the first of its window (diffusion.py:567-573: later EOS and the padding are
+  left out, the tokens after an EOS are still scored, and a text with no EOS that is not the longest has its first
+  padding EOS scored); gen-PPL = exp(total NLL / counted tokens), pooled over every sample (its `Perplexity`,
+  diffusion.py:58-65, 572). Not copied: MDLM drops the samples after the last whole batch of 8 (diffusion.py:548);
+  every sample is scored here.
+
+Departures, the same in both: a sample longer than the evaluator's context (never in SDTT: 1024 tokens under GPT-2's
+1024 positions) is read in windows of the context as MDLM's code reads it, not refused; SDTT's AR samples keep the
+BOS they were generated from (src/sdtt/core/ar.py:113-118), so their first generated token is scored given it, while
+an AR teacher's samples here (`hf:<folder>`, SDTT's AR arm) are the generated tokens alone, the first of them context
+only (1 of 1023 predictions).
+
+Evaluators:
+- `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m-instruct-q4", `sdtt`; "...-q4.mdlm" after `:mdlm`; the
+  key predates the protocols and sweeps name it): SmolLM2-135M-Instruct, Q4_1 dequantised to float32 (the registered
+  teacher `smollm2-135m-instruct`, `teachers.pretrained.smollm2`);
+- `gen_ppl@hf:<folder>` (key "gen_ppl.<folder's name>.<protocol>", e.g. "gen_ppl.gpt2-large.sdtt", SDTT's evaluator
+  and protocol): any Hugging Face causal LM in a local folder (the teacher `hf:<folder>`,
+  `teachers.pretrained.hf_folder`), in float32;
+- `gen_ppl@tiny` (key "gen_ppl.<teacher.companion_lm>"): the causal LM trained on the teacher's own corpus and
+  tokenizer (seconds instead of minutes), one protocol of its own: it reads a BOS, so every token is scored, and
+  newlines are its EOS separators again; a real teacher's companion is a folder (GPT-2 for MDLM-OWT: `sdtt`).
 """
 from __future__ import annotations
 
@@ -22,19 +54,90 @@ from bench.errors import UserError
 from metrics.base import Metric
 from teachers import load_teacher
 from teachers.pretrained import hf_folder, smollm2
+from teachers.pretrained.hf_causal_lm import context_length
 
 SMOLLM2 = "smollm2-135m-instruct"  # the registered teacher the evaluator is
+EVALUATORS = ("smollm2", "tiny", "hf:<folder>")
+PROTOCOLS = ("sdtt", "mdlm")
+# Rows per forward pass: SDTT's eval.ppl_with_ar.batch_size (jdeschena/sdtt src/sdtt/configs/config.yaml:117) and
+# MDLM's eval.perplexity_batch_size (kuleshov-group/mdlm configs/config.yaml:51) are both 8; it changes nothing but
+# float rounding (MDLM pads a whole update, not a batch)
+BATCH = 8
+
+
+def parse(extractor: str | None) -> tuple[str, str | None]:
+    """"<evaluator>[:<protocol>]" -> (evaluator, protocol or None); `hf:mdlm` is the folder `mdlm`."""
+    choice = extractor or "smollm2"
+    head, _, tail = choice.rpartition(":")
+    if tail in PROTOCOLS and (head in EVALUATORS or hf_folder.is_folder_name(head)):
+        return head, tail
+    return choice, None
+
+
+def same_tokenizer(teacher, tokenizer) -> bool:
+    """Whether the teacher's token ids are the evaluator's (the same vocabulary: MDLM-OWT's GPT-2 tokens under GPT-2
+    large), so that SDTT's protocol scores them directly."""
+    own = getattr(teacher, "tokenizer", None)
+    return callable(getattr(own, "get_vocab", None)) and own.get_vocab() == tokenizer.get_vocab()
+
+
+def sum_and_count(nll: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """(B, T) NLLs and the (B, T) bool mask of those that count -> (B, 2): each row's summed NLL and count."""
+    return torch.stack([torch.where(scored, nll, 0.0).sum(1), scored.sum(1).float()], 1)
 
 
 class CausalLMEvaluator:
-    """A registered Hugging Face causal-LM teacher (`teachers.pretrained.hf_causal_lm`) as the evaluator."""
+    """A registered Hugging Face causal-LM teacher (`teachers.pretrained.hf_causal_lm`) as the evaluator, under a
+    protocol of `PROTOCOLS`."""
 
-    def __init__(self, teacher_name: str, cache, device):
+    def __init__(self, teacher_name: str, protocol: str, teacher, cache, device):
         self.lm = load_teacher(teacher_name, cache=cache, device=device)
-        self.name = self.lm.evaluator_name
+        self.teacher, self.protocol = teacher, protocol
+        keep = teacher_name == SMOLLM2 and protocol == "sdtt"  # the key sweeps already name
+        self.name = self.lm.evaluator_name if keep else f"{self.lm.evaluator_name}.{protocol}"
+        self.pooled = protocol == "mdlm"  # a mean over tokens, not over samples' means
+        self.shared = same_tokenizer(teacher, self.lm.tokenizer)
 
-    def nll_per_sample(self, texts: list[str]) -> torch.Tensor:
-        return self.lm.nll_per_sample(texts)
+    def scores(self, texts: list[str]) -> torch.Tensor:
+        """(B, 2): each sample's summed NLL and scored tokens. `texts` may carry their token ids (`Texts.tokens`)."""
+        tokens = getattr(texts, "tokens", None)
+        if self.protocol == "mdlm":
+            return self._mdlm(texts, tokens)
+        if not self.shared:
+            return self._sdtt_texts([t.strip() for t in texts])
+        if tokens is None:
+            raise ValueError(f"gen_ppl.{self.name}: SDTT's protocol scores the teacher's token ids, and these texts "
+                             f"carry none (a teacher's `decode` returns them as bench.samples.Texts)")
+        out = []
+        for i in range(0, len(tokens), BATCH):
+            nll = self.lm.window_nll(tokens[i : i + BATCH])  # (b, N)
+            out.append(sum_and_count(nll, ~nll.isnan()))
+        return torch.cat(out)
+
+    def _sdtt_texts(self, texts: list[str]) -> torch.Tensor:
+        # SDTT reads one text at a time (run_eval.py:151-161); right padding with an attention mask gives the same
+        # NLLs up to float rounding
+        out = []
+        for i in range(0, len(texts), BATCH):
+            ids, mask = self.lm.tokenize(texts[i : i + BATCH])  # (b, T)
+            nll = self.lm.window_nll(ids, mask)
+            out.append(sum_and_count(nll, mask.bool() & ~nll.isnan()))
+        return torch.cat(out)
+
+    def _mdlm(self, texts: list[str], tokens: torch.Tensor | None) -> torch.Tensor:
+        tok = getattr(self.teacher, "tokenizer", None)
+        if tokens is not None and callable(getattr(tok, "batch_decode", None)):
+            texts = tok.batch_decode(tokens)  # special tokens kept, as diffusion.py:426
+        ids, mask = self.lm.tokenize(list(texts), max_length=self.teacher.seq_len)  # (n, T), padded all at once
+        eos, C = self.lm.tokenizer.eos_token_id, context_length(self.lm.network.config)
+        out = []
+        for i in range(0, len(ids), BATCH):
+            rows = ids[i : i + BATCH]  # (b, T)
+            nll = self.lm.window_nll(rows, mask[i : i + BATCH])
+            is_eos = rows == eos
+            first_eos = torch.cat([w.cumsum(1) == 1 for w in is_eos.split(C, dim=1)], 1)  # per window
+            out.append(sum_and_count(nll, (first_eos | ~is_eos) & ~nll.isnan()))
+        return torch.cat(out)
 
 
 class CompanionEvaluator:
@@ -42,6 +145,7 @@ class CompanionEvaluator:
         self.name = teacher.companion_lm
         self.lm = load_teacher(self.name, cache=cache, device=device)
         self.device, self.batch = device, batch
+        self.pooled = False
 
     def _ids(self, text: str) -> list[int]:
         tok = self.lm.tokenizer
@@ -49,7 +153,7 @@ class CompanionEvaluator:
         ids = [t for k, p in enumerate(pieces) for t in ([tok.eos_id] if k else []) + p]
         return ids[: self.lm.seq_len]  # the model's context
 
-    def nll_per_sample(self, texts: list[str]) -> torch.Tensor:
+    def scores(self, texts: list[str]) -> torch.Tensor:
         out = []
         for i in range(0, len(texts), self.batch):
             rows = [self._ids(t) for t in texts[i : i + self.batch]]
@@ -59,23 +163,22 @@ class CompanionEvaluator:
             for r, row in enumerate(rows):
                 ids[r, : len(row)], mask[r, : len(row)] = torch.tensor(row, dtype=torch.long), 1.0
             nll = self.lm.token_nll(ids.to(self.device)).cpu()  # (B, T); causal: padding after a row changes nothing
-            out.append((nll * mask).sum(1) / mask.sum(1))
+            out.append(torch.stack([(nll * mask).sum(1), mask.sum(1)], 1))
         return torch.cat(out)
 
 
-EVALUATORS = ("smollm2", "tiny", "hf:<folder>")
-
-
-def evaluator(choice: str, teacher, cache, device):
-    if choice == "tiny" and hf_folder.is_folder_name(teacher.companion_lm):  # a real teacher's: GPT-2 for MDLM-OWT
-        return CausalLMEvaluator(teacher.companion_lm, cache, device)
-    if choice == "tiny":
+def evaluator(extractor: str | None, teacher, cache, device):
+    choice, protocol = parse(extractor)
+    if choice == "tiny" and not hf_folder.is_folder_name(teacher.companion_lm):
         return CompanionEvaluator(teacher, cache, device)
-    return CausalLMEvaluator(SMOLLM2 if choice == "smollm2" else choice, cache, device)
+    if choice == "tiny":  # a real teacher's companion: GPT-2 for MDLM-OWT
+        choice = teacher.companion_lm
+    return CausalLMEvaluator(SMOLLM2 if choice == "smollm2" else choice, protocol or "sdtt", teacher, cache, device)
 
 
 class GenPPL(Metric):
-    """exp(mean per-sample next-token NLL) of generated texts under an evaluator LM (SmolLM2-135M by default)."""
+    """exp(mean next-token NLL) of generated texts under an evaluator LM (SmolLM2-135M by default), SDTT's protocol
+    or MDLM's."""
 
     name = "gen_ppl"
     higher_is_better = False
@@ -83,32 +186,43 @@ class GenPPL(Metric):
 
     @classmethod
     def check(cls, extractor: str | None) -> str | None:
-        if extractor is not None and extractor not in EVALUATORS and not hf_folder.is_folder_name(extractor):
-            raise UserError(f"metric 'gen_ppl': unknown evaluator {extractor!r}; valid: {', '.join(EVALUATORS)}")
-        if extractor is not None and hf_folder.is_folder_name(extractor):
-            hf_folder.check(extractor)
-        if (extractor or "smollm2") == "smollm2":
+        choice, protocol = parse(extractor)
+        if choice not in EVALUATORS and not hf_folder.is_folder_name(choice):
+            raise UserError(f"metric 'gen_ppl': unknown evaluator {choice!r}; valid: {', '.join(EVALUATORS)}, each "
+                            f"but tiny optionally followed by a protocol, one of :{', :'.join(PROTOCOLS)}")
+        if choice == "tiny" and protocol:
+            raise UserError(f"metric 'gen_ppl@tiny' takes no protocol (the corpus' LM has one); for "
+                            f"{protocol.upper()}'s, name a folder: gen_ppl@hf:<folder>:{protocol}")
+        if hf_folder.is_folder_name(choice):
+            hf_folder.check(choice)
+        if choice == "smollm2":
             reason = smollm2.unavailable()
             return f"gen_ppl: {reason}" if reason else None
         return None
 
     def __init__(self, teacher, *, cache, device, extractor=None):
         super().__init__(teacher, cache=cache, device=device)
-        self.evaluator = evaluator(extractor or "smollm2", teacher, cache, device)
+        self.evaluator = evaluator(extractor, teacher, cache, device)
         self.extractor = self.evaluator.name
-        self._nll: list[torch.Tensor] = []
+        self._scores: list[torch.Tensor] = []
 
     def update(self, texts: list[str], cond) -> None:
-        self._nll.append(self.evaluator.nll_per_sample(list(texts)))
+        """`texts`: B decoded samples; a teacher of Hugging Face tokens decodes into `bench.samples.Texts`, which keep
+        their ids for SDTT's protocol."""
+        self._scores.append(self.evaluator.scores(texts))
 
     def compute(self, seed: int = 0) -> dict[str, float]:
-        if not self._nll:
+        if not self._scores:
             raise ValueError(f"{self.name}: compute() before any update()")
-        nll = torch.cat(self._nll)
-        nll = nll[~nll.isnan()]
-        if not len(nll):
+        scores = torch.cat(self._scores)  # (N, 2): summed NLL, scored tokens
+        scores = scores[scores[:, 1] > 0]
+        if not len(scores):
             raise ValueError(f"{self.name}: no sample long enough to score")
-        return {f"{self.name}.{self.extractor}": math.exp(nll.double().mean().item())}
+        if self.evaluator.pooled:
+            nll = scores[:, 0].double().sum() / scores[:, 1].double().sum()
+        else:
+            nll = (scores[:, 0] / scores[:, 1]).double().mean()
+        return {f"{self.name}.{self.extractor}": math.exp(nll.item())}
 
     def reset(self) -> None:
-        self._nll.clear()
+        self._scores.clear()

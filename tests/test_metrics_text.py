@@ -89,8 +89,8 @@ def test_gen_ppl_matches_transformers_loss_per_sentence_and_ignores_padding(cach
     batched = _score(metric, texts)["gen_ppl.smollm2-135m-instruct-q4"]
     # transformers' loss runs without an attention mask (another attention kernel): NLLs agree to ~3e-5 relative
     assert math.log(batched) == pytest.approx(sum(per_sample) / 3, rel=1e-4)
-    padded = metric.evaluator.nll_per_sample(texts)
-    alone = torch.cat([metric.evaluator.nll_per_sample([t]) for t in texts])
+    padded = metric.evaluator.scores(texts)  # (3, 2): summed NLL, scored tokens
+    alone = torch.cat([metric.evaluator.scores([t]) for t in texts])
     assert torch.allclose(padded, alone, rtol=1e-5)  # padding changes nothing (measured 9e-6 absolute)
 
 
@@ -99,7 +99,8 @@ def test_gen_ppl_prefers_real_text_to_shuffled_words(cache, smol):
     real = GLOSSES[:40]
     rng = random.Random(0)
     shuffled = [" ".join(rng.sample(t.split(), len(t.split()))) for t in real]
-    assert 2 * _score(metric, real)["gen_ppl.smollm2-135m-instruct-q4"] < _score(metric, shuffled)["gen_ppl.smollm2-135m-instruct-q4"]
+    key = "gen_ppl.smollm2-135m-instruct-q4"
+    assert 2 * _score(metric, real)[key] < _score(metric, shuffled)[key]
 
 
 def test_gen_ppl_with_the_tiny_evaluator_is_exact(cache, monkeypatch):

@@ -103,7 +103,7 @@ def test_the_sdtt_papers_setting_runs_from_the_cli_on_tiny_files_in_the_official
     found = client.search_runs([client.get_experiment_by_name("sdtt").experiment_id])
     assert sorted(r.data.params["method"] for r in found) == ["ar", "mdlm", "sdtt", "sjd"]
     for r in found:
-        assert r.info.status == "FINISHED" and {"gen_ppl.gpt2", "mauve.gpt2"} <= set(r.data.metrics), r.data.params
+        assert r.info.status == "FINISHED" and {"gen_ppl.gpt2.sdtt", "mauve.gpt2"} <= set(r.data.metrics), r.data.params
     (sdtt,) = [r for r in found if r.data.params["method"] == "sdtt"]
     assert "ar/sec_per_sample_median" in sdtt.data.metrics  # GPT-2's AR arm (the teacher `hf:<ckpt>/gpt2`)
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "sdtt", "--out", str(tmp_path / "r")]) == 0

@@ -4,17 +4,20 @@ with the model's own KV cache (`DynamicCache`), rolled back by cropping for Jaco
 The condition of a sample is its prompt, a fixed number of tokens (so that a batch needs no padding); the teacher
 generates `seq_len` new tokens after it. Logits are computed in float32 whatever the model's dtype. The family's
 sampler, SJD and Jacobi decoding run on it unchanged (SJD, arXiv:2410.01699, Sec. 4.1: the window is appended to the
-cache and cut back to the accepted prefix). The same model is an evaluator of other teachers' texts: the per-text
-NLL of generative perplexity and the last hidden state MAUVE featurises with.
+cache and cut back to the accepted prefix). The same model is an evaluator of other teachers' samples: the
+next-token NLL of generative perplexity (`metrics.gen_ppl`: token ids or texts, in windows of the model's context) and
+the last hidden state MAUVE featurises with.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from bench.samples import Texts
 from teachers.families import ar_token
 
 
@@ -76,9 +79,10 @@ class HFCausalLMTeacher:
         if length < state.length:
             state.cache.crop(length - state.length)  # a negative count removes that many positions
 
-    def decode(self, tokens: torch.Tensor) -> list[str]:
-        """The generated continuations (without their prompts), special tokens dropped."""
-        return self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
+    def decode(self, tokens: torch.Tensor) -> Texts:
+        """The generated continuations (without their prompts), special tokens dropped; their ids ride along."""
+        tokens = tokens.cpu()
+        return Texts(self.tokenizer.batch_decode(tokens, skip_special_tokens=True), tokens)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -87,30 +91,42 @@ class HFCausalLMTeacher:
         return self.references
 
     # ---- as an evaluator of generated texts (`gen_ppl@...`, `mauve@...`) --------------------------------------------
-    def _batches(self, texts: list[str], batch: int):
-        """Right-padded encodings of `texts`, `batch` at a time (the tokenizer's EOS pads where it has no pad), cut to
-    the model's context: a decoded text may re-tokenise into more tokens than were generated."""
+    def tokenize(self, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask), (n, T) on the CPU: the texts with the tokenizer's own special tokens (GPT-2's: none;
+        Llama-3's: a BOS), right-padded with its pad token or, without one, its EOS (as MDLM sets it,
+        kuleshov-group/mdlm diffusion.py:131-135), cut to `max_length` tokens when given."""
         tok = self.tokenizer
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         tok.padding_side = "right"
+        enc = tok(texts, return_tensors="pt", padding=True, truncation=max_length is not None, max_length=max_length)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def _batches(self, texts: list[str], batch: int):
+        """`tokenize`d texts, `batch` at a time, cut to the model's context (a decoded text may re-tokenise into more
+        tokens than were generated), an empty text read as the EOS, on the model's device."""
         device = self.prompts.device
         for i in range(0, len(texts), batch):
-            yield tok([t or tok.eos_token for t in texts[i : i + batch]], return_tensors="pt", padding=True,
-                      truncation=True, max_length=context_length(self.network.config)).to(device)
+            chunk = [t or self.tokenizer.eos_token for t in texts[i : i + batch]]
+            ids, mask = self.tokenize(chunk, context_length(self.network.config))
+            yield {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
     @torch.inference_mode()
-    def nll_per_sample(self, texts: list[str], batch: int = 16) -> torch.Tensor:
-        """Mean next-token NLL of each text, re-tokenised without BOS (as GPT-2 in SDTT's evaluation: the first
-        token is context only), (n,); NaN for a text of fewer than 2 tokens."""
-        out = []
-        for enc in self._batches(texts, batch):
-            ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, T)
-            logits = self.network(input_ids=ids, attention_mask=mask).logits[:, :-1].float()  # (B, T-1, V)
-            nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-            scored = mask[:, 1:].float()
-            out.append((nll * scored).sum(1) / scored.sum(1))  # 0 / 0 = NaN for a 1-token text
-        return torch.cat(out).cpu()
+    def window_nll(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """-log p(token | the tokens before it in its window) of every token of `ids` (B, T), (B, T) float32 on the
+        CPU. A row longer than the model's context is cut into windows of the context, each read alone, as MDLM's
+        `compute_generative_perplexity` splits its rows (kuleshov-group/mdlm diffusion.py:550-557); a window's first
+        token is context only: NaN. `mask` (B, T), the attention mask of right-padded rows; None, as SDTT calls its
+        evaluator on equally long rows (jdeschena/sdtt run_eval.py:233): every token is real."""
+        C, device = context_length(self.network.config), self.prompts.device
+        out = torch.full(ids.shape, math.nan)
+        for s in range(0, ids.shape[1], C):
+            window = ids[:, s : s + C].to(device)  # (B, W)
+            attention = None if mask is None else mask[:, s : s + C].to(device)
+            logits = self.network(input_ids=window, attention_mask=attention).logits[:, :-1].float()  # (B, W-1, V)
+            nll = F.cross_entropy(logits.transpose(1, 2), window[:, 1:], reduction="none")  # (B, W-1)
+            out[:, s + 1 : s + window.shape[1]] = nll.cpu()
+        return out
 
     @torch.inference_mode()
     def last_hidden_states(self, texts: list[str], batch: int = 16) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
 from bench.errors import UserError
+from bench.samples import Texts
 from bench.training import library_bars
 from teachers.data import webtext
 from teachers.families import masked_diffusion as md
@@ -143,8 +144,10 @@ class MDLMOWT:
         chunks, _ = cache.get_or_build("text-chunks", key, build)
         return chunks.to(self.network.output_layer.linear.weight.device)
 
-    def decode(self, tokens: torch.Tensor) -> list[str]:
-        return self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
+    def decode(self, tokens: torch.Tensor) -> Texts:
+        """The texts without special tokens, and their GPT-2 ids (what SDTT's gen-PPL scores, `metrics.gen_ppl`)."""
+        tokens = tokens.cpu()
+        return Texts(self.tokenizer.batch_decode(tokens, skip_special_tokens=True), tokens)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
