@@ -68,8 +68,8 @@ class DDConfig(PairKnobs):
     t2: int = 0  # intermediate timestep (1-based: t2 - 1 tokens known); 0 = round(81/256 * n), the paper's ratio
     ts: int = 0  # > 0: pre-trained-ts-t2, the teacher re-generates tokens ts..t2-1 between the two steps (Alg. 4)
     split: int = -1  # positions < split read the logits head, the rest the embedding head; -1 = SPLIT_FRACTION * n
-    # A released DD student (`methods.dd_released`, VAR teachers) in the checkpoints folder, e.g. var-d16.pth, in place
-    # of training one; t2 and split then default to the released commands' (RELEASED_T2_SPLIT). Empty: train our own.
+    # A released DD student (`methods.dd_released`: VAR-d16/20/24, LlamaGen-B/L) in the checkpoints folder, e.g.
+    # var-d16.pth, in place of training one; t2 and split then default to the released commands'. Empty: train ours.
     student: str = ""
     # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, train_seed
     train_steps: int = 2000  # pairs + training: 11.6 min on 2 cores for digits-ar-c2i (3000 steps: over 15 min)
@@ -140,14 +140,13 @@ class DD(Method):
         self.known = [0, *itertools.accumulate(p * p for p in teacher.patch_nums)] if self.var else list(
             range(teacher.seq_len + 1))
         n, unit = len(self.known) - 1, "scales" if self.var else "tokens"
-        if config.student and not self.var:
-            raise UserError(f"dd: student={config.student!r}: released students are read for VAR teachers "
-                            f"(var-d16, var-d20, var-d24); on {teacher.family.name} teachers dd trains its own")
+        if config.student and (reason := dd_released.unsupported(teacher)):
+            raise UserError(f"dd: student={config.student!r}: {reason}")
         default_t2 = (min(range(2, n + 1), key=lambda t: abs(self.known[t - 1] / teacher.seq_len - VAR_T2_TOKENS))
                       if self.var else max(2, round(T2_FRACTION * n)))
         default_split = round(SPLIT_FRACTION * n)
-        if config.student and teacher.network.cfg.depth in dd_released.RELEASED_T2_SPLIT:
-            default_t2, default_split = dd_released.RELEASED_T2_SPLIT[teacher.network.cfg.depth]
+        if config.student and (released := dd_released.released_defaults(teacher)):
+            default_t2, default_split = released
         self.t2 = config.t2 or default_t2
         if not 2 <= self.t2 <= n:
             raise UserError(f"dd: t2 must be in [2, {n}] for a teacher of {n} {unit}, got {self.t2}")
@@ -158,7 +157,7 @@ class DD(Method):
             raise UserError(f"dd: split must be in [0, {n}] (-1: {SPLIT_FRACTION} * n) for a teacher of {n} {unit}, "
                             f"got {split}")
         self.split = self.known[split]  # in tokens
-        self.student: DDStudent | VARDDStudent | dd_released.ReleasedVARDD | None = None
+        self.student: DDStudent | VARDDStudent | dd_released.ReleasedStudent | None = None
 
     @classmethod
     def passes(cls, config: DDConfig, family, length: int) -> dict[str, Passes]:
@@ -180,9 +179,9 @@ class DD(Method):
         if not config.student:
             return {}
         path = checkpoint_dir() / config.student
-        return {path: f"missing {path}: place a released DD student (Hugging Face microsoft/distilled_decoding, "
-                      f"VAR-DD/var-d16.pth ... var-d24.pth) in {path.parent}, or name its folder with --checkpoints "
-                      f"or {CHECKPOINTS_ENV}"}
+        return {path: f"missing {path}: place a released DD student (Hugging Face microsoft/distilled_decoding: "
+                      f"VAR-DD/var-d16.pth ... var-d24.pth, LlamaGen-DD/llamagen-B.pt, llamagen-L.pt) in "
+                      f"{path.parent}, or name its folder with --checkpoints or {CHECKPOINTS_ENV}"}
 
     def caveats(self) -> dict[str, str]:
         out = {}

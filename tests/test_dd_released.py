@@ -1,6 +1,7 @@
-"""DD's released VAR students (microsoft/distilled_decoding, `methods.dd_released`): parity with the official
-`DD_Model` on tiny random weights, the full-size key sets, the released file layout, and `dd --param student=...`
-through the CLI on the tiny VAR (tests/fixtures/dd/MAKING.md says how the fixtures were made)."""
+"""DD's released students (microsoft/distilled_decoding, `methods.dd_released`): parity with the official `DD_Model`
+(VAR) and `DDTransformer` (LlamaGen) on tiny random weights, the full-size key sets, the released file layouts, and
+`dd --param student=...` through the CLI on the tiny VAR and LlamaGen (tests/fixtures/dd/MAKING.md says how the
+fixtures were made)."""
 from __future__ import annotations
 
 import json
@@ -12,11 +13,17 @@ import torch
 
 from bench.errors import UserError
 from methods import dd_released
-from methods.dd_released import BUFFERS, ReleasedVARDD
+from methods.dd_released import BUFFERS, ReleasedLlamaGenDD, ReleasedVARDD
+from teachers.families import ar_token, multiscale_vq
+from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.var import VAR, VARConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dd"
 TINY = VARConfig(depth=2, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4), embed_dim=32, num_heads=2)
+
+
+def var_like(network, codebook, name="tiny"):
+    return SimpleNamespace(name=name, family=multiscale_vq.FAMILY, network=network, codebook=codebook)
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +31,20 @@ def official():
     return torch.load(FIXTURES / "var_dd_tiny_parity.pt", weights_only=True)
 
 
-def write_release(path: Path, state: dict) -> None:
-    """A student file as the release has it: the trainer's state, EMA weights and raw weights (made different, so a
-    loader that read the raw ones would fail)."""
+def write_release(path: Path, state: dict, tree: str = "var") -> None:
+    """A student file as the release has it, with its EMA weights and its raw weights (made different, so a loader
+    that read the raw ones would fail): VAR's trainer state, LlamaGen's training checkpoint."""
     raw = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
-    torch.save({"trainer": {"ema_parameters": state, "var_wo_ddp": raw, "config": {"patch_nums": (1, 2, 3, 4)}}},
-               path)
+    blob = ({"trainer": {"ema_parameters": state, "var_wo_ddp": raw, "config": {"patch_nums": (1, 2, 3, 4)}}}
+            if tree == "var" else {"ema": state, "model": raw, "steps": 0})
+    torch.save(blob, path)
 
 
 @pytest.fixture(scope="module")
 def student(official, tmp_path_factory):
     path = tmp_path_factory.mktemp("release") / "var-tiny.pth"
     write_release(path, official["state_dict"])
-    teacher = SimpleNamespace(name="tiny", network=VAR(TINY), codebook=official["codebook"])
-    return dd_released.load(path, teacher)
+    return dd_released.load(path, var_like(VAR(TINY), official["codebook"]))
 
 
 def test_the_released_student_computes_what_dd_model_does(official, student):
@@ -45,7 +52,7 @@ def test_the_released_student_computes_what_dd_model_does(official, student):
     noise, within 1e-5; the family's ids are the nearest codes of the released sequence."""
     f = official
     for t, out in f["forward"].items():
-        emb, logits = student(f["labels"], f["x_in"], t)
+        emb, logits = student(f["labels"], f["x_in"], student.ends[t])  # the code's t counts scales
         torch.testing.assert_close(emb, out["x_BLCv"], atol=1e-5, rtol=0)
         torch.testing.assert_close(logits, out["logits"], atol=1e-5, rtol=0)
     cond = f["labels"][:, None]
@@ -92,15 +99,14 @@ def test_full_size_key_sets_are_the_released_ones(depth):
 
 
 def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_path):
-    teacher = SimpleNamespace(name="tiny", network=VAR(TINY), codebook=official["codebook"])
+    teacher = var_like(VAR(TINY), official["codebook"])
     torch.save(official["state_dict"], tmp_path / "raw.pth")
-    with pytest.raises(UserError, match="not a released VAR-DD file"):
+    with pytest.raises(UserError, match="not a released DD file \\(no trainer -> ema_parameters"):
         dd_released.load(tmp_path / "raw.pth", teacher)
     write_release(tmp_path / "short.pth", {k: v for k, v in official["state_dict"].items() if "final_layer" not in k})
     with pytest.raises(UserError, match="does not fit teacher 'tiny': missing keys.*final_layer_conti"):
         dd_released.load(tmp_path / "short.pth", teacher)
-    wide = SimpleNamespace(name="wide", network=VAR(VARConfig(**{**TINY.__dict__, "embed_dim": 64})),
-                           codebook=official["codebook"])
+    wide = var_like(VAR(VARConfig(**{**TINY.__dict__, "embed_dim": 64})), official["codebook"], "wide")
     with pytest.raises(UserError, match="does not fit teacher 'wide'"):
         dd_released.load(tmp_path / "short.pth", wide)
 
@@ -140,10 +146,10 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
 
 
 def test_released_defaults_follow_the_released_commands():
-    """With a student and no t2/split, d16 samples at {1, 6} with split 5 and d20/d24 at {1, 5} with split 4
-    (VAR/README.md); a student on an AR-token teacher is refused in one line."""
+    """With a student and no t2/split, VAR-d16 samples at {1, 6} with split 5 and d20/d24 at {1, 5} with split 4
+    (VAR/README.md), LlamaGen-B and -L at {1, 81} with split 80 and 130 (LlamaGen/README.md); a student on a teacher
+    of neither network is refused in one line."""
     from methods.dd import DD, DDConfig, VARDDConfig
-    from teachers.families import multiscale_vq
     from tests.fakes import make_config, tiny_gpt_teacher
 
     for depth, t2, split in ((16, 6, 55), (20, 5, 30), (24, 5, 30)):
@@ -151,6 +157,102 @@ def test_released_defaults_follow_the_released_commands():
                                   network=SimpleNamespace(cfg=VARConfig(depth=depth)), codebook=None)
         method = DD(teacher, make_config(VARDDConfig, student="s.pth", steps=2))
         assert (method.t2, method.split) == (t2, split)
-    with pytest.raises(UserError, match="released students are read for VAR teachers"):
+    for size, split in (("GPT-B", 80), ("GPT-L", 130)):
+        teacher = SimpleNamespace(family=ar_token.FAMILY, seq_len=256, codebook=None,
+                                  network=SimpleNamespace(cfg=size_config(size, 256), cls_embedding=0, layers=0,
+                                                          norm=0, rope=0))
+        method = DD(teacher, make_config(DDConfig, student="s.pth", steps=2))
+        assert (method.t2, method.split) == (81, split)
+    with pytest.raises(UserError, match="released DD students are VAR's .* and LlamaGen's"):
         DD(tiny_gpt_teacher(), make_config(DDConfig, student="s.pth"))
     assert not DD.trains(make_config(VARDDConfig, student="s.pth")) and DD.trains(VARDDConfig())
+
+
+# ---- LlamaGen ----------------------------------------------------------------------------------------------------
+TINY_LLAMAGEN = LlamaGenConfig(vocab_size=32, num_classes=10, seq_len=16, n_layer=2, n_head=4, n_embd=32,
+                               ffn_hidden=96)  # the fixture's: tests/fakes.py TinyLlamaGen's size
+
+
+@pytest.fixture(scope="module")
+def official_llamagen():
+    return torch.load(FIXTURES / "llamagen_dd_tiny_parity.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def llamagen_student(official_llamagen, tmp_path_factory):
+    path = tmp_path_factory.mktemp("release") / "llamagen-tiny.pt"
+    write_release(path, official_llamagen["state_dict"], "llamagen")
+    teacher = SimpleNamespace(name="tiny", family=ar_token.FAMILY, network=LlamaGenGPT(TINY_LLAMAGEN),
+                              codebook=official_llamagen["codebook"])
+    return dd_released.load(path, teacher)
+
+
+def test_the_released_llamagen_student_computes_what_ddtransformer_does(official_llamagen, llamagen_student):
+    """`DDTransformer.forward` at 0 and 5 known tokens, and `eval_fewstep.py`'s loop (t_list, split_t) from the same
+    noise, within 1e-5 (splits before and after the known tokens); the ids `dd` samples are its nearest codes."""
+    f, student = official_llamagen, llamagen_student
+    for t, out in f["forward"].items():
+        emb, logits = student(f["labels"], f["x_in"], t)
+        torch.testing.assert_close(emb, out["tokens"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits, out["logits"], atol=1e-5, rtol=0)
+    for key, ref in f["samples"].items():
+        t_list, split = [int(t) for t in key.split("/")[0].split(",")], int(key.split("/")[1])
+        x, noise = f["noise"], f["noise"]
+        for t in t_list:
+            x = student.step(f["labels"], torch.cat([x[:, :t], noise[:, t:]], 1), t, split)
+        torch.testing.assert_close(x, ref, atol=1e-5, rtol=0)
+        if split >= t_list[-1]:
+            ids = torch.zeros(3, x.shape[1], dtype=torch.long)
+            for t in t_list:
+                ids = student.predict(f["labels"][:, None], ids, noise, t, split)
+            assert torch.equal(ids, student.nearest(ref)), key
+
+
+def test_llamagen_class_token_rotation_matters(official_llamagen, llamagen_student):
+    """Broken variant: the class token rotated by the identity (standard RoPE at position 0) instead of LlamaGen's
+    all-zero rotation changes the output."""
+    f, student = official_llamagen, llamagen_student
+    rope = student.rope
+    try:
+        student.rope = rope.clone()
+        student.rope[0, :, 0] = 1.0  # cos 1, sin 0
+        emb, _ = student(f["labels"], f["x_in"], 0)
+    finally:
+        student.rope = rope
+    assert (emb - f["forward"][0]["tokens"]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("size,params", [("GPT-B", 98_321_672), ("GPT-L", 326_155_272)])
+def test_full_size_llamagen_key_sets_are_the_released_ones(size, params):
+    """LlamaGen-B/L-DD (Table 1: 98.3 M, 326 M): keys and shapes equal the official DDTransformer's at 256 px."""
+    official = json.loads((FIXTURES / "llamagen_dd_keys.json").read_text())[size]
+    with torch.device("meta"):
+        net = ReleasedLlamaGenDD(LlamaGenGPT(size_config(size, 256)), torch.empty(16384, 8))
+    assert {k: list(v.shape) for k, v in net.state_dict().items()} == official
+    assert sum(p.numel() for p in net.parameters()) == params
+
+
+def test_dd_with_a_released_llamagen_student_from_the_cli(plugin, tmp_path):
+    """`dd --param student=<file>` on `tiny-llamagen`: a tiny random student in the released layout (`ema`), 2 steps
+    and pre-trained-2-3 (the teacher between the student's steps)."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+    from bench.rng import seeded
+    from tests.fakes import tiny_llamagen_teacher
+
+    teacher = tiny_llamagen_teacher()
+    with seeded(0):
+        net = ReleasedLlamaGenDD(teacher.network, teacher.codebook)
+    write_release(tmp_path / "llamagen-tiny.pt", net.state_dict(), "llamagen")
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["run", "--teacher", "tiny-llamagen", "--method", "dd", "--n-samples", "4", "--batch-size", "2",
+            "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "rel", "--warmup", "0",
+            "--no-progress", "--checkpoints", str(tmp_path), "--param", "student=llamagen-tiny.pt",
+            "--param", "steps=2", "--param", "t2=3"]
+    assert cli.main(args) == 0
+    assert cli.main([*args, "--param", "ts=2"]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("rel").experiment_id])
+    # pre-trained-2-3: two student steps, the teacher's prefix pass and its one token
+    assert sorted(r.data.metrics["nfe_per_sample"] for r in runs) == [2, 2 + 1 + 1]
