@@ -3,7 +3,9 @@
 Two extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
 - `cnn` (default): the small classifier trained on the teacher's dataset (`metrics.extractors`), seconds on CPU;
 - `inception`: the standard FID Inception-v3 from a local TorchScript file (`metrics.inception`), slow on CPU; for
-  class logits (`is@inception`), the same network with its classifier, through torch-fidelity.
+  class logits (`is@inception`), the same network with its classifier, through torch-fidelity. Both read the images
+  as ADM's evaluator and torch-fidelity do (8 bits, TF 1.x bilinear resize to 299), and are named for it in the keys
+  (`inception-v3-tf1`).
 
 The reference side (features of the real test split) is cached on disk, clean-fid style, keyed by dataset, split,
 image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once.

@@ -1,13 +1,15 @@
 """Frechet distance (FID, Heusel et al. 2017) between generated images and the real test split.
 
 The distance is torchmetrics' `FrechetInceptionDistance`, fed features of a `metrics.features` extractor: the dataset's
-classifier by default (`fid`, key "fid.<dataset>-cnn"), or the standard Inception-v3 (`fid@inception`, key
-"fid.inception-v3"); only the extractor differs from the standard FID, and the metric key names it.
+classifier by default (`fid`, key "fid.<dataset>-cnn"), or the standard Inception-v3 under the papers' preprocessing
+(`fid@inception`, key "fid.inception-v3-tf1": 8-bit images, TF 1.x bilinear resize, as ADM's evaluator and
+torch-fidelity; `metrics.inception`); only the extractor differs from the standard FID, and the metric key names it.
 
 A teacher of a real checkpoint (DiT, LlamaGen) has no real images here but names `reference_statistics`, a file of
-Inception statistics (`mu`, `sigma`: ADM's `VIRTUAL_imagenet256_labeled.npz`, or clean-fid's) in the checkpoints
-folder, and a tag: its FID is torch-fidelity's Frechet distance between those and the generated images' statistics,
-under the key "fid.inception-v3.<tag>" (e.g. "fid.inception-v3.adm-in256").
+Inception statistics (`mu`, `sigma`: ADM's `VIRTUAL_imagenet256_labeled.npz`, computed by ADM's evaluator under the same
+preprocessing) in the checkpoints folder, and a tag: its FID is torch-fidelity's Frechet distance between those and the
+generated images' statistics, under the key "fid.inception-v3-tf1.<tag>" (e.g. "fid.inception-v3-tf1.adm-in256"), the
+number the papers' tables report.
 """
 from __future__ import annotations
 

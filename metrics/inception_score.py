@@ -1,5 +1,6 @@
 """Inception score (Salimans et al. 2016) of generated images, in the logits of the dataset's classifier (`is`) or of
-Inception-v3 (`is@inception`, torch-fidelity's network: `metrics.inception`).
+Inception-v3 (`is@inception`, key "is.inception-v3-tf1": torch-fidelity's network and its unbiased logits, on the
+8-bit images with the TF 1.x resize that fid@inception reads too: `metrics.inception`).
 
 The score is torchmetrics' `InceptionScore` (exp of the mean KL divergence between p(y|x) and p(y), over splits), fed
 the classifier's logits. It has no reference side: it reads the generated images only, and is high when the classifier

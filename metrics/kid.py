@@ -1,7 +1,8 @@
 """Kernel Inception Distance (KID, Binkowski et al. 2018) between generated images and the real test split.
 
 The distance is torchmetrics' `KernelInceptionDistance` (unbiased polynomial-kernel MMD^2 averaged over random subsets),
-fed features of a `metrics.features` extractor, as for `metrics.fid`. The subsets are random: the value depends on the
+fed features of a `metrics.features` extractor, as for `metrics.fid` (`kid@inception`: key "kid.inception-v3-tf1", the
+images preprocessed as ADM's evaluator does, `metrics.inception`). The subsets are random: the value depends on the
 seed of `compute`, and the runner can repeat it over seeds.
 """
 from __future__ import annotations

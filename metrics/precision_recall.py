@@ -1,6 +1,7 @@
 """Improved precision and recall (Kynkaanniemi et al. 2019) of generated images against the real test split.
 
-Both are measured in the features of a `metrics.features` extractor by torch-fidelity's
+Both are measured in the features of a `metrics.features` extractor (`@inception`: keys "precision.inception-v3-tf1",
+"recall.inception-v3-tf1", the images preprocessed as ADM's evaluator does, `metrics.inception`) by torch-fidelity's
 `prc_features_to_metric`: a generated image counts towards precision if it lies inside the k-nearest-neighbour ball of
 some real image, and a real image counts towards recall if it lies inside the ball of some generated image. The two
 registered metrics share one class that keeps the features.

@@ -264,4 +264,4 @@ def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypa
     ((key, value),) = score.compute().items()  # 12 images: one split
     (logits,) = net.eval()((images * 255).round().to(torch.uint8))
     expected = isc_features_to_metric(logits, splits=1, shuffle=False)["inception_score_mean"]
-    assert key == "is.inception-v3" and value == pytest.approx(expected, rel=1e-5)
+    assert key == "is.inception-v3-tf1" and value == pytest.approx(expected, rel=1e-5)
