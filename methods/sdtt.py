@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -40,7 +41,7 @@ from bench.rng import seeded
 from bench.samples import Samples
 from bench.training import ema_update, optimizer_step
 from methods import sdtt_released as released
-from methods.base import Method, OwnSampler
+from methods.base import Method, OwnSampler, Passes
 from teachers import load_teacher
 from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
@@ -134,7 +135,7 @@ class SDTTConfig:
         if self.distill_steps < 2:
             raise ValueError(f"distill_steps must be >= 2, got {self.distill_steps}")
         if self.student:
-            self._take_release(released.read(self.student))
+            self._take_release(released.describe(self.student))
         elif self.sampling.steps % self.distill_steps ** self.rounds:
             raise ValueError(f"steps={self.sampling.steps} must be divisible by distill_steps^rounds = "
                              f"{self.distill_steps ** self.rounds}")
@@ -146,10 +147,12 @@ class SDTTConfig:
 
     def _take_release(self, release: "released.Release") -> None:
         """The release's divergence, m/k and round (its folder's name) replace the knobs' defaults; a knob set to
-        something else contradicts the student, in one line."""
+        something else contradicts the student, in one line. What the release does not say, the knob keeps."""
         fields = {f.name: f.default for f in dataclasses.fields(self)}
         for name, value in (("divergence", release.divergence), ("distill_steps", release.distill_steps),
-                            ("rounds", release.round or self.rounds)):
+                            ("rounds", release.round)):
+            if value is None:
+                continue
             if getattr(self, name) not in (fields[name], value):
                 raise ValueError(f"student {self.student!r} has {name}={value} (its release); got "
                                  f"{name}={getattr(self, name)}")
@@ -184,6 +187,21 @@ class SDTT(Method):
         super().__init__(teacher, config)
         self.student: torch.nn.Module | None = None
 
+    @classmethod
+    def passes(cls, config: SDTTConfig, family, length: int) -> dict[str, Passes]:
+        """The student's steps are passes of the teacher's network ("step"); the teacher at the student's step count;
+        the AR arm's causal LM, a token at a time with its KV cache ("ar_token")."""
+        steps = Passes(family.passes(config.student_sampling, length))
+        return {"method": steps, "same_steps": steps, **({"ar": Passes({"ar_token": length})} if config.ar_arm else {})}
+
+    @classmethod
+    def trains(cls, config: SDTTConfig) -> bool:
+        return not config.student
+
+    @classmethod
+    def required_files(cls, config: SDTTConfig) -> dict[Path, str]:
+        return released.required_files(config.student) if config.student else {}
+
     # ---- training -------------------------------------------------------------------------------------------
     def fit(self, *, cache: Cache) -> dict[str, float]:
         """The last round's EMA weights (what sampling uses) are an entry of their own ("sdtt-ema", a quarter of a
@@ -191,7 +209,7 @@ class SDTT(Method):
         is missing. A released student is loaded, checked against the teacher, and nothing is trained."""
         cfg = self.config
         if cfg.student:
-            self.student = released.load(cfg.release, self.teacher)
+            self.student = released.load(released.read(cfg.student), self.teacher)
             return {"student_sampling_steps": float(cfg.student_sampling.steps)}
         knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
         blob, cached = cache.get_or_build("sdtt-ema", keyed(self.teacher, knobs, cfg.rounds, STUDENT_VERSION),

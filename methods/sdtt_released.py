@@ -44,7 +44,7 @@ class Release:
     """What a released student's folder says about itself."""
 
     folder: Path
-    divergence: str  # in `sdtt`'s names
+    divergence: str | None  # in `sdtt`'s names; None: not read
     distill_steps: int  # m/k
     first_steps: int  # T_0 of round 1 (`orig_num_sampling_steps`, 1024)
     round: int | None  # from the folder's (revision's) name; None when it does not say
@@ -86,14 +86,21 @@ class Release:
                             f"{mismatch(exc)}") from None
 
 
+def required_files(name: str) -> dict[Path, str]:
+    """The student's two files -> the line that refuses a trial without them (naming the file and --checkpoints)."""
+    folder = checkpoint_dir() / name
+    return {path: f"missing {path}: download a revision of jdeschena/sdtt (e.g. baselines_kld_step_70000) into "
+                  f"{folder}, or name its parent with --checkpoints or {CHECKPOINTS_ENV}"
+            for path in (folder / "config.json", folder / "model.safetensors")}
+
+
 def read(name: str) -> Release:
     """The student in folder `name` of the checkpoints folder; a missing file or a config that is not a released
     MDLM-OWT student's is one line."""
-    folder = checkpoint_dir() / name
-    for path in (folder / "config.json", folder / "model.safetensors"):
+    for path, missing in required_files(name).items():
         if not path.is_file():
-            raise UserError(f"missing {path}: download a revision of jdeschena/sdtt (e.g. baselines_kld_step_70000) "
-                            f"into {folder}, or name its parent with --checkpoints or {CHECKPOINTS_ENV}")
+            raise UserError(missing)
+    folder = checkpoint_dir() / name
     c = json.loads((folder / "config.json").read_text())
     p, m = c.get("parameterization", {}), c.get("model", {})
     shape = ("hidden_size", "cond_dim", "length", "n_blocks", "n_heads")
@@ -104,11 +111,26 @@ def read(name: str) -> Release:
     if c.get("time_conditioning", False):
         raise UserError(f"{folder / 'config.json'}: time_conditioning is true; sdtt's students ignore the time "
                         f"(the released ones have it false)")
-    hit, per_round = STEP.search(folder.name), p.get("grow_dt_every", 10_000)
-    step = int(hit[1]) if hit else 0
-    rnd = step // per_round if step and step % per_round == 0 else None  # a mid-round checkpoint: no round
     return Release(folder, DIVERGENCES[p["distill_mode"]], p.get("num_distill_steps", 2),
-                   p.get("orig_num_sampling_steps", 1024), rnd, m)
+                   p.get("orig_num_sampling_steps", 1024), _round(folder.name, p.get("grow_dt_every", 10_000)), m)
+
+
+def describe(name: str) -> Release:
+    """`read`, or without the files (a dry run lists them; a real run is refused by `required_files`) what the
+    folder's name says: its round, the released configs' m/k = 2 and T_0 = 1024 (configs/parameterization/
+    multi-round-sdtt.yaml), no divergence."""
+    folder = checkpoint_dir() / name
+    if all(path.is_file() for path in required_files(name)):
+        return read(name)
+    return Release(folder, None, 2, 1024, _round(folder.name, 10_000), {})
+
+
+def _round(name: str, per_round: int) -> int | None:
+    """The round of a revision `..._step_<N>`: round r's student was saved at step `per_round` r; a mid-round step
+    or another name: None."""
+    hit = STEP.search(name)
+    step = int(hit[1]) if hit else 0
+    return step // per_round if step and step % per_round == 0 else None
 
 
 def check_teacher(release: Release, cfg: MDLMDiTConfig, teacher) -> None:

@@ -131,13 +131,19 @@ def test_a_mismatched_or_missing_student_is_one_line(tmp_path, monkeypatch):
         SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None)
     assert "\n" not in str(err.value)
     assert f"sdtt student {tmp_path / 'baselines_mse_step_20000'}: its hidden_size is 16" in str(err.value)
+    # without its files, a student is what its folder's name says (a dry run lists the files; plan refuses them)
+    cfg = make_config(SDTTConfig, student="baselines_kld_step_70000")
+    assert (cfg.rounds, cfg.student_sampling.steps, SDTT.trains(cfg)) == (7, 8, False)
+    lines = list(SDTT.required_files(cfg).values())
+    assert [line.split(":")[0] for line in lines] == [f"missing {tmp_path}/baselines_kld_step_70000/{f}"
+                                                       for f in ("config.json", "model.safetensors")]
+    assert all("--checkpoints" in line and "\n" not in line for line in lines)
     with pytest.raises(UserError) as err:
-        make_config(SDTTConfig, student="baselines_kld_step_70000")
-    assert str(err.value).startswith(f"missing {tmp_path}/baselines_kld_step_70000/config.json")
-    assert "--checkpoints" in str(err.value) and "\n" not in str(err.value)
+        SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None)
+    assert str(err.value) == lines[0]
 
 
-def test_released_students_run_from_the_cli_without_training(tmp_path):
+def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     """Tiny files in the official formats (`write_sdtt_checkpoints`, `write_sdtt_student`): the round-2 tvd student and
     the round-1 kld student in the released draw, into MLflow and a report; a missing student stops at plan time."""
     from mlflow.tracking import MlflowClient
@@ -172,8 +178,14 @@ def test_released_students_run_from_the_cli_without_training(tmp_path):
     assert "caveat.sdtt_released_weights" in tvd.data.tags and "caveat.sdtt_draw" not in kld.data.tags
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "released", "--out", str(tmp_path / "r")]) == 0
     assert "## mdlm-owt" in (tmp_path / "r" / "REPORT.md").read_text()
-    assert cli.main(["run", *common, "--param", "student=baselines_kld_step_70000"]) == 2
+    missing = ["run", *common, "--param", "student=baselines_kld_step_70000"]
+    assert cli.main(missing) == 2
     assert len(client.search_runs([client.get_experiment_by_name("released").experiment_id])) == 2
+    capsys.readouterr()
+    assert cli.main([*missing, "--dry-run"]) == 0  # listed, and planned from the folder's name: round 7, 8 steps
+    out = capsys.readouterr().out
+    assert f"MISSING  {ckpt}/baselines_kld_step_70000/model.safetensors" in out and "fit: trains" not in out
+    assert "method     9 step" in out and "same_steps 9 step" in out
 
 
 def test_list_names_the_student_knob(capsys):
