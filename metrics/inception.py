@@ -50,6 +50,7 @@ import torch
 import torch.nn as nn
 from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d_like_tensorflow1x
 
+from bench import files
 from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
 from bench.errors import UserError
 
@@ -130,8 +131,7 @@ def logits_weights_path() -> Path:
     `weights-inception-2015-12-05-6726825d.pth` in the checkpoints folder."""
     named = os.environ.get(LOGITS_ENV)
     path = Path(named).expanduser() if named else checkpoint_dir() / LOGITS_WEIGHTS
-    if not path.is_file():
-        raise UserError(f"missing {path}: the inception score reads Inception-v3's class logits; place "
+    files.require(path, f"missing {path}: the inception score reads Inception-v3's class logits; place "
                         f"{LOGITS_WEIGHTS} (torch-fidelity's release v0.2.0) in {path.parent}, name its folder with "
                         f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {LOGITS_ENV}")
     return path
