@@ -7,7 +7,7 @@ A paper suite (`suites/papers/<paper>-<table>.yaml`) gives a trial the numbers t
 Paper numbers live in suite files only, never in code. They are not part of the trial (the trial key does not change
 with them): the runner logs them as tags `paper.<key>` on the trial's run, and the report prints them beside the
 measured columns with the difference. A key is a quality metric's name (`fid`, matching every extractor's column of
-that metric, e.g. `fid.inception-v3.adm-in256`) or its full key, or one of the speed columns below.
+that metric, e.g. `fid.inception-v3-tf1.adm-in256`) or its full key, or one of the speed columns below.
 """
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def _header(key: str, higher: bool) -> str:
 
 def paper_value(paper: dict, key: str) -> float | None:
     """The paper's number for a measured column: a speed column under its paper key (`nfe`), a quality column under
-    its full key or its metric's name (`fid` for `fid.inception-v3.adm-in256`)."""
+    its full key or its metric's name (`fid` for `fid.inception-v3-tf1.adm-in256`)."""
     speed = {metric: name for name, metric in SPEED_KEYS.items()}
     if key in speed:
         return paper.get(speed[key])
