@@ -126,7 +126,7 @@ class SDTTConfig:
     # The student arm's draw of each step's tokens: "exact", the family's float64 inverse-CDF draw (every reference
     # arm's), or "released-fp32", the released sampler's float32 race (`released_draw`).
     student_draw: Draw = "exact"
-    release: ClassVar[Any] = None  # the student's `sdtt_released.Release`, read at plan time
+    release: ClassVar[Any] = None  # the student's `sdtt_released.Release` (read, or told by the folder's name)
 
     def __post_init__(self):
         for name in ("rounds", "iters_per_round", "batch"):
@@ -186,6 +186,7 @@ class SDTT(Method):
     def __init__(self, teacher, config: SDTTConfig):
         super().__init__(teacher, config)
         self.student: torch.nn.Module | None = None
+        self.release: released.Release | None = None  # a released student's, read by `fit`
 
     @classmethod
     def passes(cls, config: SDTTConfig, family, length: int) -> dict[str, Passes]:
@@ -209,7 +210,8 @@ class SDTT(Method):
         is missing. A released student is loaded, checked against the teacher, and nothing is trained."""
         cfg = self.config
         if cfg.student:
-            self.student = released.load(released.read(cfg.student), self.teacher)
+            self.release = released.read(cfg.student)
+            self.student = released.load(self.release, self.teacher)
             return {"student_sampling_steps": float(cfg.student_sampling.steps)}
         knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
         blob, cached = cache.get_or_build("sdtt-ema", keyed(self.teacher, knobs, cfg.rounds, STUDENT_VERSION),
@@ -287,6 +289,8 @@ class SDTT(Method):
         if self.config.student_draw == "exact":
             out["sdtt_draw"] = ("the student draws with the family's exact float64 sampler; the released one races "
                                 "in float32 (student_draw=released-fp32)")
+        if self.release is not None and self.release.teacher != released.MDLM_OWT:
+            out["sdtt_released_teacher"] = f"the student was distilled from {self.release.teacher}, not MDLM-OWT"
         return out
 
     def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:

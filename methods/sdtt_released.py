@@ -36,6 +36,7 @@ PREFIX = "backbone."  # of every key of a released student (MultiRoundSDTT.backb
 # distance of log-probabilities: our `tvd-log`; the paper's Eq. 10 is `tvd`)
 DIVERGENCES = {"kl-bwd": "kld", "kl-fwd": "kld-fwd", "mse": "mse", "tvd": "tvd-log"}
 NETWORK = "ddit-orig"  # models/loading_utils.py: the DiT that MDLMDiT reproduces
+MDLM_OWT = "kuleshov-group/mdlm-owt"
 STEP = re.compile(r"_step_(\d+)$")  # the revisions' names end in the training step of the checkpoint
 
 
@@ -49,6 +50,9 @@ class Release:
     first_steps: int  # T_0 of round 1 (`orig_num_sampling_steps`, 1024)
     round: int | None  # from the folder's (revision's) name; None when it does not say
     model: dict  # config.json's `model`
+    # `parameterization.checkpoint_path`, the round-1 teacher: MDLM-OWT's Hugging Face name for the `baselines_*`
+    # students (the README's distillation command keeps the default); a local .ckpt for the `scaling_*` ones
+    teacher: str = MDLM_OWT
 
     @property
     def files(self) -> tuple[Path, Path]:
@@ -112,7 +116,8 @@ def read(name: str) -> Release:
         raise UserError(f"{folder / 'config.json'}: time_conditioning is true; sdtt's students ignore the time "
                         f"(the released ones have it false)")
     return Release(folder, DIVERGENCES[p["distill_mode"]], p.get("num_distill_steps", 2),
-                   p.get("orig_num_sampling_steps", 1024), _round(folder.name, p.get("grow_dt_every", 10_000)), m)
+                   p.get("orig_num_sampling_steps", 1024), _round(folder.name, p.get("grow_dt_every", 10_000)), m,
+                   p.get("checkpoint_path", MDLM_OWT))
 
 
 def describe(name: str) -> Release:

@@ -55,6 +55,21 @@ def test_the_released_folder_is_read_as_its_revision_says(fixture_checkpoints):
         make_config(SDTTConfig, student=REVISION, rounds=5)
 
 
+def test_a_student_of_another_teacher_is_tagged(tmp_path, monkeypatch):
+    """The scaling students' round-1 teacher was a local checkpoint, not MDLM-OWT: a caveat tag says so."""
+    folder = tmp_path / "scaling_400k_sm_step_50000"
+    folder.mkdir()
+    config = json.loads((FIXTURES / REVISION / "config.json").read_text())
+    config["parameterization"]["checkpoint_path"] = "outputs/openwebtext/mdlm_sm/checkpoints/0-400000.ckpt"
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes((FIXTURES / REVISION / "model.safetensors").read_bytes())
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    method = SDTT(object(), make_config(SDTTConfig, student=folder.name))
+    assert method.config.rounds == 5 and "sdtt_released_teacher" not in method.caveats()
+    method.release = released.read(folder.name)
+    assert method.caveats()["sdtt_released_teacher"].endswith("0-400000.ckpt, not MDLM-OWT")
+
+
 def test_the_official_logits_and_log_probs_are_reproduced(fixture_checkpoints, fx):
     """Measured: logits 0.0 (the same float32 operations), SUBS log-probs of the real tokens 9.5e-7."""
     net = _network(fixture_checkpoints)
