@@ -17,6 +17,9 @@ Pairs and students are cached by everything that determines them.
 
 On a VAR teacher (`multiscale_vq`, the paper's VAR-d16/20/24-DD) a step is a scale: t, t2, ts and split count scales,
 the pairs map every token of a scale at once, and the student is `dd_student.VARDDStudent`.
+
+With `student=<file>` nothing is trained: DD's released student (VAR-d16/20/24-DD, LlamaGen-B/L-DD;
+`methods.dd_released`) samples through the same steps, with the released commands' t2 and split by default.
 """
 from __future__ import annotations
 
@@ -205,7 +208,7 @@ class DD(Method):
         cfg = self.config
         if cfg.student:
             self.student = dd_released.load(checkpoint_dir() / cfg.student, self.teacher)
-            return {"n_params": float(sum(p.numel() for p in self.student.parameters())), "student_cached": 1.0}
+            return {"n_params": float(sum(p.numel() for p in self.student.parameters())), "student_released": 1.0}
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
                     STUDENT_VERSION)

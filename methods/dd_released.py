@@ -102,20 +102,20 @@ class ReleasedVARDD(ReleasedStudent):
     def __init__(self, network, codebook: torch.Tensor):
         super().__init__()
         cfg = network.cfg
-        C, Cvae, self.patch_nums = cfg.width, cfg.Cvae, (1, *cfg.patch_nums)
+        C, Cvae, patch_nums = cfg.width, cfg.Cvae, (1, *cfg.patch_nums)  # the class token's 1 x 1 scale first
         L = 1 + cfg.L
         self.word_embed = nn.Linear(Cvae, C)
         self.class_emb = nn.Embedding(cfg.num_classes + 1, C)
         self.pos_start = nn.Parameter(torch.zeros(1, 1, C))
         self.pos_1LC = nn.Parameter(torch.zeros(1, L, C))
-        self.lvl_embed = nn.Embedding(len(self.patch_nums), C)
+        self.lvl_embed = nn.Embedding(len(patch_nums), C)
         self.blocks = nn.ModuleList(type(b)(cfg) for b in network.blocks)
         self.head_nm = type(network.head_nm)(cfg)
         self.head = nn.Linear(C, cfg.vocab_size)
         self.n_d_embed = nn.Embedding(2, C)  # 0: noise, 1: data (the class slot counts as data)
         self.layerwise_n_d_embed = nn.ModuleList(nn.Linear(C, C) for _ in range(cfg.depth + 1))
         self.final_layer_conti = FinalLayer(C, Cvae)
-        level = torch.cat([torch.full((pn * pn,), i) for i, pn in enumerate(self.patch_nums)])  # (L + 1,)
+        level = torch.cat([torch.full((pn * pn,), i) for i, pn in enumerate(patch_nums)])  # (L + 1,)
         self.register_buffer("lvl_1L", level[None], persistent=False)
         sees = (level[None, :] < level[:, None]) | torch.eye(L, dtype=torch.bool)
         self.register_buffer("attn_bias", torch.where(sees, 0.0, -torch.inf)[None, None], persistent=False)
