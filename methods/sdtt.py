@@ -1,7 +1,7 @@
 """`sdtt`: Self-Distillation Through Time (Deschenaux & Gulcehre, arXiv:2410.21035, ICLR 2025) for MDLM teachers.
 
 One student step is trained to match `distill_steps` (m/k = 2) ancestral steps of the teacher; rounds halve the step
-count, each round's student becoming the next round's teacher (shared/notes/sdtt_self_distillation_through_time.md §2):
+count, each round's student becoming the next round's teacher (paper §3, Algorithms 1-2, Eq. 7):
 - targets, Algorithm 1 (`teacher_targets`): from z_t, run the teacher for m/k ancestral steps of size Delta at times
   t_i = max(t - i Delta, 1e-5); every token unmasked at step i takes that step's teacher log-probs as its target,
   tokens still masked at the end take the last step's;
@@ -52,7 +52,7 @@ STUDENT_VERSION = 1  # bump when training code changes what a config produces
 
 
 def divergence(student: torch.Tensor, target: torch.Tensor, kind: Divergence) -> torch.Tensor:
-    """Mean over tokens of delta(student || target), both (N, K) log-probs (paper App. B; the note's §2.5):
+    """Mean over tokens of delta(student || target), both (N, K) log-probs (paper App. B, Eqs. 9-11):
     - kld: reverse KL, sum p_s (log p_s - log p_t) — the paper's choice (F.kl_div as in the released code);
     - kld-fwd: forward KL, sum p_t (log p_t - log p_s) (in the code, not reported);
     - mse: mean over the K entries of (log p_s - log p_t)^2 (Eq. 11, F.mse_loss as in the code);

@@ -22,8 +22,10 @@ def _log(p):
 
 
 def test_divergences_match_hand_computed_values():
-    kl_rev = [0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75), 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)]
-    kl_fwd = [0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5), 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)]
+    kl_rev = [0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75),
+              0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)]
+    kl_fwd = [0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5),
+              0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)]
     d_log = [[math.log(0.5 / 0.25), math.log(0.5 / 0.75)], [math.log(0.9 / 0.5), math.log(0.1 / 0.5)]]
     s, q = _log(P), _log(Q)
     assert divergence(s, q, "kld").item() == pytest.approx(sum(kl_rev) / 2, rel=1e-5)
@@ -71,8 +73,9 @@ def trained_teacher():
     return tiny_mdlm_teacher(train_steps=1000)  # ~7 s: the chain's context must matter for 2 steps to beat 1
 
 
-# Measured (this fake, 300 iterations): MSE 1.03 -> 0.86, reverse KL 0.221 -> 0.210. As in the note's CPU prototype
-# (§6.2), log-space MSE moves the student visibly within a short round; the KL's reducible part is small.
+# Measured (this fake, 300 iterations): MSE 1.03 -> 0.86, reverse KL 0.221 -> 0.210. As in a CPU prototype of the
+# paper's setting at toy scale, log-space MSE moves the student visibly within a short round; the KL's reducible part
+# is small.
 @pytest.mark.parametrize("kind, factor", [("mse", 0.9), ("kld", 1.0)])
 def test_a_round_brings_the_students_step_closer_to_two_teacher_steps(kind, factor, trained_teacher, tmp_path):
     cfg = make_config(SDTTConfig, steps=4, rounds=1, divergence=kind, iters_per_round=300, batch=64, lr=5e-4,

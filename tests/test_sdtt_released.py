@@ -34,7 +34,7 @@ def fx():
     return torch.load(FIXTURES / "sdtt_student_parity.pt", weights_only=True)
 
 
-def _network(folder_checkpoints) -> MDLMDiT:
+def _network() -> MDLMDiT:
     release = released.read(REVISION)
     return release.network(release.network_config())
 
@@ -72,7 +72,7 @@ def test_a_student_of_another_teacher_is_tagged(tmp_path, monkeypatch):
 
 def test_the_official_logits_and_log_probs_are_reproduced(fixture_checkpoints, fx):
     """Measured: logits 0.0 (the same float32 operations), SUBS log-probs of the real tokens 9.5e-7."""
-    net = _network(fixture_checkpoints)
+    net = _network()
     with torch.no_grad():
         assert (net(fx["indices"]) - fx["logits_sigma0"]).abs().max() <= 1e-5
         assert (net(fx["indices"], fx["sigma"]) - fx["logits_sigma"]).abs().max() <= 1e-5
@@ -86,7 +86,7 @@ def test_the_official_samples_are_reproduced_token_for_token_by_the_released_dra
     """`MultiRoundSDTT.sample` after torch.manual_seed(7) against the family's sampler with `released_draw` and a
     generator seeded 7 (the same uniforms, in the same order); the exact float64 draw, another law of the same
     distribution, gives other tokens."""
-    net = _network(fixture_checkpoints)
+    net = _network()
     same = _sample(net, functools.partial(md.reverse_step, draw_fn=released_draw), fx["sample_seed"])
     assert torch.equal(same.data, fx["samples"]) and same.counters["nfe"] == 4 * fx["sample_steps"]
     assert not torch.equal(_sample(net, None, fx["sample_seed"]).data, fx["samples"])
@@ -97,7 +97,7 @@ def test_broken_variants_do_not_reproduce_them(fixture_checkpoints, fx):
     import teachers.networks.mdlm_dit as mdlm_dit
     from teachers.networks.mdlm import rotate as pairwise
 
-    net = _network(fixture_checkpoints)
+    net = _network()
     with pytest.MonkeyPatch.context() as mp, torch.no_grad():
         mp.setattr(mdlm_dit, "rotate", pairwise)
         assert (net(fx["indices"]) - fx["logits_sigma0"]).abs().max() > 1e-2
