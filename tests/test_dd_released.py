@@ -113,7 +113,8 @@ def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_
 
 def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     """`dd --param student=<file>` on `tiny-var`: a tiny random student in the released layout sampled in 1 and 2
-    steps (nothing trained); a missing file is one line naming it and --checkpoints, before any work."""
+    steps and pre-trained-2-3 (nothing trained); a missing file is one line naming it and --checkpoints, before any
+    work."""
     from mlflow.tracking import MlflowClient
 
     from bench import cli
@@ -133,16 +134,18 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
             "--no-progress", "--checkpoints", str(tmp_path), "--param", "student=var-dd-tiny.pth"]
     assert cli.main(args) == 0
     assert cli.main([*args, "--param", "steps=2", "--param", "t2=3"]) == 0
+    assert cli.main([*args, "--param", "steps=2", "--param", "t2=3", "--param", "ts=2"]) == 0
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("rel").experiment_id])
-    assert sorted(r.data.metrics["nfe_per_sample"] for r in runs) == [1, 2]
+    # pre-trained-2-3: two student steps and one teacher pass (it reads scale 1 and gives scale 2's logits)
+    assert sorted(r.data.metrics["nfe_per_sample"] for r in runs) == [1, 2, 3]
     assert all(r.data.params["student"] == "var-dd-tiny.pth" for r in runs)
     assert not (tmp_path / "cache" / "dd-pairs").exists()  # a released student trains nothing
     capsys.readouterr()
     assert cli.main([*args[:-1], "student=var-d16.pth"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"missing {tmp_path}/var-d16.pth" in err and "--checkpoints" in err
-    assert len(client.search_runs([client.get_experiment_by_name("rel").experiment_id])) == 2  # refused at plan time
+    assert len(client.search_runs([client.get_experiment_by_name("rel").experiment_id])) == 3  # refused at plan time
 
 
 def test_released_defaults_follow_the_released_commands():
