@@ -136,6 +136,8 @@ class CausalLMEvaluator:
             nll = self.lm.window_nll(rows, mask[i : i + BATCH])
             is_eos = rows == eos
             first_eos = torch.cat([w.cumsum(1) == 1 for w in is_eos.split(C, dim=1)], 1)  # per window
+            # the attention mask is not read, as in MDLM: padding is left out only as EOS (the pad of GPT-2, Llama-2
+            # and SmolLM2); a tokenizer with a pad token of its own would have its padding scored
             out.append(sum_and_count(nll, (first_eos | ~is_eos) & ~nll.isnan()))
         return torch.cat(out)
 
