@@ -66,7 +66,7 @@ BATCH = 8
 
 
 def parse(extractor: str | None) -> tuple[str, str | None]:
-    """"<evaluator>[:<protocol>]" -> (evaluator, protocol or None); `hf:mdlm` is the folder `mdlm`."""
+    """`<evaluator>[:<protocol>]` -> (evaluator, protocol or None); `hf:mdlm` is the folder `mdlm`."""
     choice = extractor or "smollm2"
     head, _, tail = choice.rpartition(":")
     if tail in PROTOCOLS and (head in EVALUATORS or hf_folder.is_folder_name(head)):
