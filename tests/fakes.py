@@ -510,6 +510,28 @@ def write_sdtt_student(folder: Path, revision: str, *, distill_mode: str = "kl-b
     return folder / revision
 
 
+def write_release(path: Path, state: dict, tree: str = "var") -> None:
+    """A DD student file as the release has it, with its EMA weights and its raw weights (made different, so a loader
+    that read the raw ones would fail): VAR's trainer state, LlamaGen's training checkpoint."""
+    raw = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    blob = ({"trainer": {"ema_parameters": state, "var_wo_ddp": raw, "config": {"patch_nums": (1, 2, 3, 4)}}}
+            if tree == "var" else {"ema": state, "model": raw, "steps": 0})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, path)
+
+
+def write_dd_student(path: Path, teacher: str) -> None:
+    """A released DD student, random weights, for the tiny teacher class `teacher` ("TinyVAR" or "TinyLlamaGen")."""
+    from bench.rng import seeded
+    from methods.dd_released import ReleasedLlamaGenDD, ReleasedVARDD
+
+    var = teacher == "TinyVAR"
+    t = tiny_var_teacher() if var else tiny_llamagen_teacher()
+    with seeded(0):
+        net = (ReleasedVARDD if var else ReleasedLlamaGenDD)(t.network, t.codebook)
+    write_release(path, net.state_dict(), "var" if var else "llamagen")
+
+
 class TinyMDLMOWT(MDLMOWT):
     """`mdlm-owt` on the tiny files of `write_sdtt_checkpoints` (a folder of this test process)."""
 

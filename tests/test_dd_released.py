@@ -17,6 +17,7 @@ from methods.dd_released import BUFFERS, ReleasedLlamaGenDD, ReleasedVARDD
 from teachers.families import ar_token, multiscale_vq
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.var import VAR, VARConfig
+from tests.fakes import write_release
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dd"
 TINY = VARConfig(depth=2, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4), embed_dim=32, num_heads=2)
@@ -29,15 +30,6 @@ def var_like(network, codebook, name="tiny"):
 @pytest.fixture(scope="module")
 def official():
     return torch.load(FIXTURES / "var_dd_tiny_parity.pt", weights_only=True)
-
-
-def write_release(path: Path, state: dict, tree: str = "var") -> None:
-    """A student file as the release has it, with its EMA weights and its raw weights (made different, so a loader
-    that read the raw ones would fail): VAR's trainer state, LlamaGen's training checkpoint."""
-    raw = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
-    blob = ({"trainer": {"ema_parameters": state, "var_wo_ddp": raw, "config": {"patch_nums": (1, 2, 3, 4)}}}
-            if tree == "var" else {"ema": state, "model": raw, "steps": 0})
-    torch.save(blob, path)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from bench.cli import main
@@ -84,3 +85,132 @@ def test_suite_overrides_set_a_knob_in_every_trial_that_has_it(tmp_path, capsys)
     assert dd.n_samples == sjd.n_samples == 2
     assert main(["suite", path, "--dry-run", "--param", "no_such_knob=1"]) == 2
     assert "--param no_such_knob is a knob of none of its trials' methods" in capsys.readouterr().err
+
+
+# --- each paper suite end to end on tiny random-weight files in the official formats ------------------------------
+
+# The paper suites' teachers, each replaced by its loader on tiny random-weight files in the official format (the
+# same classes with tiny configurations, tests/fakes.py); MDLM-OWT and the GPT-2 evaluators read the tiny files
+# `write_sdtt_checkpoints` puts in the checkpoints folder under their official names.
+TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
+        **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
+        **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
+        "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3"}
+# Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps) cut to seconds: every trial still runs.
+QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"]}
+TINY_DIT_DEPTH = 2  # ARD's N = 6 and 28 history layers read this many blocks of the tiny DiT
+# scales / tokens: DD's t2, ts, split, skip-n's skip and MAR's num_iter fit in them
+TINY_LENGTH = {"TinyVAR": 4, "TinyLlamaGen": 16, "TinyOfficialMAR": 16}
+
+
+def tiny_trials(suite: dict) -> list[dict]:
+    """The suite's trials on the tiny teachers: one per distinct (method, tiny teacher, mode, metrics), the knobs that
+    address the full-size models' positions and blocks brought within the tiny ones'. (Every trial of every suite
+    is planned, at full size, by the dry-run test above.)"""
+    kept, seen = [], set()
+    for trial in suite["trials"]:
+        merged = {**suite.get("defaults", {}), **trial}
+        teacher, p = merged["teacher"], dict(trial.get("params", {}))
+        key = (merged["method"], TINY.get(teacher, teacher), p.get("mode"), str(merged.get("metrics")))
+        if key in seen:
+            continue
+        seen.add(key)
+        if "history_layers" in p:
+            p["history_layers"] = min(p["history_layers"], TINY_DIT_DEPTH)
+        if n := TINY_LENGTH.get(TINY.get(teacher)):
+            p.update({k: min(p[k], n) for k in ("t2", "split", "num_iter") if k in p})
+            p.update({k: min(p[k], p.get("t2", n) - 1, n - 1) for k in ("ts", "skip") if k in p})
+        kept.append({**trial, "params": p})
+    return kept
+
+
+FEATURES = 16  # the stand-in Inception's features, and the reference statistics' size: FID's sqrtm stays cheap
+
+
+class TinyInception(torch.nn.Module):
+    """A stand-in for the TorchScript Inception (`ACCELBENCH_INCEPTION_WEIGHTS`): features of a 299 px image."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3 * 4 * 4, FEATURES)
+
+    def forward(self, x):
+        return self.proj(torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1))
+
+
+def write_paper_files(folder: Path, suite: dict) -> None:
+    """What the suite's trials read from the checkpoints folder, tiny and random: ADM's reference batch, the
+    inception score's network, MDLM-OWT, GPT-2 (the AR arm and, as gpt2-large, the evaluator), WebText, and every
+    released student the suite names."""
+    import shutil
+
+    import numpy as np
+
+    from metrics import inception
+    from tests.fakes import write_sdtt_checkpoints, write_sdtt_student
+
+    rng = np.random.default_rng(0)
+    np.savez(folder / "VIRTUAL_imagenet256_labeled.npz", mu=rng.normal(size=FEATURES), sigma=np.eye(FEATURES),
+             arr_0=rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8))
+    torch.jit.script(TinyInception()).save(str(folder / "inception.pt"))
+    write_tiny_fidelity(folder / inception.LOGITS_WEIGHTS)
+    write_sdtt_checkpoints(folder)
+    shutil.copytree(folder / "gpt2", folder / "gpt2-large")
+    for trial in suite["trials"]:
+        student = trial.get("params", {}).get("student")
+        if student and not (folder / student).exists():
+            if trial.get("method") == "sdtt":
+                write_sdtt_student(folder, student)
+            else:
+                from tests.fakes import write_dd_student
+
+                write_dd_student(folder / student, TINY[trial.get("teacher", suite.get("defaults", {}).get("teacher"))])
+
+
+def write_tiny_fidelity(path: Path) -> None:
+    """torch-fidelity's Inception-v3 with the classifier, random weights, in the file layout it reads."""
+    from unittest import mock
+
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    torch.save({}, path)
+    with mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None):
+        net = FeatureExtractorInceptionV3("x", ["2048"], feature_extractor_weights_path=str(path))
+    torch.save(net.state_dict(), path)
+
+
+@pytest.mark.parametrize("path", PAPER_SUITES, ids=lambda p: p.stem)
+def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_paper_column(path, tmp_path, plugin,
+                                                                                           monkeypatch):
+    """The suite file through `accelbench suite` on tiny random-weight files in the official formats (teachers,
+    released students, ADM's reference batch, the evaluators), 4 samples per arm, into MLflow and a report whose
+    teacher tables carry the paper column."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.registry import TEACHERS
+    from tests import fakes
+
+    for name, cls in TINY.items():
+        monkeypatch.setitem(TEACHERS._entries, name, getattr(fakes, cls))
+    suite = yaml.safe_load(path.read_text())
+    suite["trials"] = tiny_trials(suite)
+    tiny_suite = tmp_path / path.name
+    tiny_suite.write_text(yaml.safe_dump(suite))
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    write_paper_files(ckpt, suite)
+    monkeypatch.setenv("ACCELBENCH_INCEPTION_WEIGHTS", str(ckpt / "inception.pt"))
+    store, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "report"
+    quick = [a for q in QUICK.get(path.stem.split("-")[0], []) for a in ("--param", q)]
+    assert main(["suite", str(tiny_suite), "--n-samples", "4", *quick, "--checkpoints", str(ckpt), "--tracking-uri", store,
+                 "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--warmup", "0", "--no-progress"]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name(suite["experiment"]).experiment_id])
+    assert len(runs) == len(suite["trials"]) * len(suite.get("seeds", [0]))
+    assert all(r.info.status == "FINISHED" for r in runs)
+    text = (out / "REPORT.md").read_text()
+    headers = [line for line in text.splitlines() if line.startswith("| method | knobs | sampling |")]
+    assert headers and all("| paper | Δ |" in h for h in headers)  # every teacher's table has the paper column
+    paper = [r for r in runs if "paper.source" in r.data.tags]
+    assert paper and {r.data.tags["paper.source"] for r in paper} <= {t["paper"]["source"] for t in suite["trials"]
+                                                                       if "paper" in t}
