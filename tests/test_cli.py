@@ -304,6 +304,12 @@ def test_list_shows_every_entry_with_families(capsys):
         assert name in out
     assert "families: ar-token" in out and "[masked-diffusion-lm, text]" in out
     assert "hf:<folder>" in out and "[multiscale-vq, image]" in out
+    # every method's own knobs with their defaults (the released students' knobs among them); a family's own
+    # sampler has only the sampling settings
+    lines = out.splitlines()
+    knob_line = {lines[i].split()[0]: lines[i + 1] for i in range(len(lines) - 1) if "knobs:" in lines[i + 1]}
+    assert "window=16" in knob_line["sjd"] and "student=''" in knob_line["dd"] and "student=''" in knob_line["sdtt"]
+    assert "ar" not in knob_line
 
 
 def test_a_sqlite_stores_artifacts_go_beside_its_file(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_list(args) -> int:
+    from bench.config import config_dict, knobs
     from bench.registry import METHODS, METRICS, TEACHERS
 
     def doc(obj) -> str:
@@ -41,9 +42,18 @@ def cmd_list(args) -> int:
         print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}{note}")
     for prefix in TEACHERS.prefixes():  # a family of names: its factory's documentation
         print(f"  {prefix + '<folder>':<22} {doc(TEACHERS.get(prefix + '_'))}")
-    print("methods:")
+    print("methods (knobs with their defaults; every method also takes its family's sampling settings):")
     for name, cls in METHODS.items():
         print(f"  {name:<22} families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")
+        own = {}
+        for family in cls.families:
+            config_cls = cls.config_class(family)
+            if config_cls is family.SamplingConfig:  # a family's own sampler: its knobs are the sampling settings
+                continue
+            defaults = config_dict(config_cls())
+            own.update({k: defaults[k] for k, (_, group) in knobs(config_cls).items() if group is None})
+        if own:
+            print(f"  {'':<22} knobs: {', '.join(f'{k}={v!r}' if v == '' else f'{k}={v}' for k, v in own.items())}")
     print("metrics:")
     for name, cls in METRICS.items():
         arrow = "higher is better" if cls.higher_is_better else "lower is better"
