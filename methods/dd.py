@@ -171,7 +171,7 @@ class DD(Method):
         if not config.ts:
             return {"method": Passes({"full": config.steps})}
         t2 = config.t2 or (max(2, round(0.6 * length)) if var else max(2, round(T2_FRACTION * length)))
-        return {"method": Passes({"full": 1 + (config.ts > 1), "step": teacher_passes(config.ts, t2, var=var)})}
+        return {"method": Passes({"full": 1 + (config.ts > 1), "step": teacher_passes(config.ts, t2)})}
 
     @classmethod
     def trains(cls, config: DDConfig) -> bool:
@@ -272,17 +272,17 @@ class DD(Method):
     def _teacher_segment(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
         """Steps ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes.
 
-        Tokens: one pass per drawn token, plus one reading a non-empty prefix (the condition's prefill is a pass of
-        its own): (t2 - ts) + (ts > 1). The released runner prefills the class token and the prefix together
-        (microsoft/distilled_decoding LlamaGen/autoregressive/models/generate.py `intermediate_generate`), t2 - ts
-        passes, Table 2's 2 + t2 - ts steps: the AR-token protocol has no prefill with tokens, so ours is one more.
+        Tokens: the condition and the prefix read in one pass, which gives token ts's logits, then one pass per
+        further token: t2 - ts passes, as the released runner prefills the class token and the prefix together
+        (microsoft/distilled_decoding LlamaGen/autoregressive/models/generate.py `intermediate_generate`), Table 2's
+        2 + t2 - ts steps with DD's two.
         """
         ts, t2 = self.config.ts, self.t2
         if self.var:
             return self._teacher_scales(cond, tokens, generator)
         tokens[:, ts - 1 : t2 - 1] = rollout(self.teacher, cond, self.config.sampling, t2 - ts,
                                              lambda i, probs: draw(probs, generator), prefix=tokens[:, : ts - 1])
-        return teacher_passes(ts, t2, var=False)
+        return teacher_passes(ts, t2)
 
     def _teacher_scales(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
         """`_teacher_segment` on VAR: one pass reads the condition and scales 1..ts-1 (`start`'s prefix, under VAR's
@@ -296,10 +296,10 @@ class DD(Method):
                 multiscale_vq.guide(logits, len(cond), s.cfg, si, K), s), generator)
             if si + 1 < self.t2 - 1:
                 logits = t.next_scale(state, tokens[:, scale])
-        return teacher_passes(ts, self.t2, var=True)
+        return teacher_passes(ts, self.t2)
 
 
-def teacher_passes(ts: int, t2: int, *, var: bool) -> int:
-    """The teacher's forward passes in pre-trained-ts-t2 (`DD._teacher_segment`): t2 - ts on VAR, one more on the
-    AR-token family when a prefix is read."""
-    return (t2 - ts) + (not var and ts > 1)
+def teacher_passes(ts: int, t2: int) -> int:
+    """The teacher's forward passes in pre-trained-ts-t2 (`DD._teacher_segment`): the kept prefix read in the pass
+    that gives token (or scale) ts, then one per further one drawn."""
+    return t2 - ts

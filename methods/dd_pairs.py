@@ -71,14 +71,14 @@ class Pairs:
 def rollout(teacher, cond: torch.Tensor, sampling: SamplingConfig, n_tokens: int,
             pick: Callable[[int, torch.Tensor], torch.Tensor], prefix: torch.Tensor | None = None) -> torch.Tensor:
     """The teacher's next n_tokens (>= 1) for cond (B, P) after `prefix` (B, k) (none: from the start): one forward
-    pass per token, KV-cached, plus one for a non-empty prefix -> (B, n_tokens).
+    pass per token, KV-cached, the prefix read in the first -> (B, n_tokens).
 
     pick(i, probs (B, V)) -> (B,) chooses token i from its processed distribution (CFG, temperature, top-k). With
     `draw` it is the teacher's own sampler (`ar_token.sample_ar`), consuming the generator in the same order.
     """
-    state, logits = teacher.start(cond, cfg=sampling.cfg)
-    if prefix is not None and prefix.shape[1]:
-        logits = teacher.extend(state, prefix)[:, -1]
+    # a prefix is read in the condition's pass (`start`'s prefix: the teachers DD distils)
+    state, logits = (teacher.start(cond, cfg=sampling.cfg) if prefix is None
+                     else teacher.start(cond, cfg=sampling.cfg, prefix=prefix))
     tokens = torch.empty(cond.shape[0], n_tokens, dtype=torch.long, device=cond.device)
     for i in range(n_tokens):
         if i:

@@ -12,7 +12,7 @@ from bench.errors import UserError
 from methods.dd import DD, DDConfig
 from methods.dd_student import DDStudent
 from methods.onestep import OneStep, OneStepConfig
-from tests.fakes import make_config, tiny_gpt_teacher
+from tests.fakes import make_config, tiny_gpt_teacher, tiny_llamagen_teacher
 
 FAST = dict(n_pairs=256, train_steps=40, batch=16, solver_steps=4)
 
@@ -124,7 +124,7 @@ def test_samplers_count_their_passes_and_are_deterministic(tmp_path):
     teacher, cache = tiny_gpt_teacher(), Cache(tmp_path)
     n = teacher.seq_len  # 12: t2 defaults to round(81/256 * 12) = 4
     cond = teacher.conditions(3, torch.Generator().manual_seed(0))
-    for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + 1 + (4 - 2)),
+    for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + (4 - 2)),
                           ({"steps": 2, "ts": 1}, 1 + (4 - 1))):
         method = DD(teacher, make_config(DDConfig, **FAST, **knobs))
         method.fit(cache=cache)
@@ -171,8 +171,9 @@ def test_two_token_toy_dd_is_valid_where_onestep_star_is_not(toy, tmp_path):
 
 @pytest.mark.parametrize("ts,t2", [(1, 4), (2, 4), (3, 4), (2, 6), (5, 6)])
 def test_pre_trained_ts_t2_passes_are_the_networks_calls(tmp_path, ts, t2):
-    """Alg. 4 on the AR-token family: the teacher's passes counted on its network, (t2 - ts) + (ts > 1) (the
-    condition's prefill, the prefix in one pass, then one per further token), and DD's steps on the student's."""
+    """Alg. 4 on the AR-token family: the teacher's passes counted on its network, t2 - ts (the condition and the
+    prefix in one pass, then one per further token: the paper's 2 + t2 - ts with DD's two steps), and DD's steps on the
+    student's."""
     teacher = tiny_gpt_teacher()
     method = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 1}, steps=2, t2=t2, ts=ts))
     method.fit(cache=Cache(tmp_path))
@@ -180,7 +181,24 @@ def test_pre_trained_ts_t2_passes_are_the_networks_calls(tmp_path, ts, t2):
     with counted(teacher=teacher.network.blocks[0], student=method.student) as calls:
         out = method.sample(teacher.conditions(2, torch.Generator().manual_seed(0)),
                             generator=torch.Generator().manual_seed(0))
-    assert calls == {"teacher": (t2 - ts) + (ts > 1), "student": 1 + (ts > 1)}
+    assert calls == {"teacher": t2 - ts, "student": 1 + (ts > 1)}
     assert out.counters["nfe"] == 2 * sum(calls.values())
     planned = DD.passes(method.config, teacher.family, teacher.seq_len)["method"].counts
     assert planned == {"full": calls["student"], "step": calls["teacher"]}  # what a dry run plans
+
+
+@pytest.mark.parametrize("make", [tiny_gpt_teacher, tiny_llamagen_teacher], ids=["gpt", "llamagen"])
+def test_a_prefix_read_with_the_condition_gives_the_token_by_token_logits(make):
+    """`start(cond, cfg, prefix=...)` (one pass over the condition and DD's tokens) gives the logits, and leaves the
+    cache, that the condition's prefill and then the prefix give; the prefix in another order does not."""
+    teacher = make()
+    cond = teacher.conditions(3, torch.Generator().manual_seed(0))
+    prefix = torch.randint(teacher.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
+    nxt = torch.randint(teacher.vocab_size, (3, 2), generator=torch.Generator().manual_seed(2))
+    one, first = teacher.start(cond, cfg=2.0, prefix=prefix)
+    two, _ = teacher.start(cond, cfg=2.0)
+    second = teacher.extend(two, prefix)[:, -1]
+    torch.testing.assert_close(first, second, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(teacher.extend(one, nxt), teacher.extend(two, nxt), atol=1e-5, rtol=1e-5)
+    _, flipped = teacher.start(cond, cfg=2.0, prefix=prefix.flip(1))  # broken: the tokens at the wrong positions
+    assert not torch.allclose(flipped, second, atol=1e-3)

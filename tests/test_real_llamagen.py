@@ -79,7 +79,9 @@ def test_official_vq_decoding_is_reproduced(vq_fixture):
     with torch.no_grad():
         image = tiny_vq(vq_fixture)(vq_fixture["codes"], (4, 4))
     assert image.shape == vq_fixture["image"].shape == (2, 3, 8, 8)
-    assert (image - vq_fixture["image"]).abs().max() <= 1e-5
+    # float32 convolutions sum in an order that depends on the CPU and the threads: 0.0 on 2 threads and 7e-6 on 1 where
+    # the fixture was made, 1.7e-5 on this project's current machine; the broken variant below is off by > 1e-2
+    assert (image - vq_fixture["image"]).abs().max() <= 5e-5
 
 
 def test_vq_decoding_without_the_codebooks_l2_norm_would_not_match(vq_fixture):

@@ -72,6 +72,9 @@ class ARTokenTeacher(Protocol):
     # (n, P) prefix conditions, drawn with `generator` on its device
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[DecodeState, torch.Tensor]: ...  # logits (B, V)
+    # A teacher with a `network` (the distillable ones, `GuidedNetworkTeacher`) also takes `prefix` (B, k) in `start`:
+    # those tokens read in the same pass after the condition, the logits then the next token's (DD's teacher segment,
+    # as the released runner prefills the class token and DD's tokens together).
     def extend(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, L) -> (B, L, V)
     def rollback(self, state: DecodeState, length: int) -> None: ...
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | list[str]: ...
@@ -89,8 +92,8 @@ class GuidedNetworkTeacher:
     null_id: int
 
     @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float):
-        state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id)
+    def start(self, cond: torch.Tensor, *, cfg: float, prefix: torch.Tensor | None = None):
+        state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id, prefix=prefix)
         return state, guide(state, logits)
 
     @torch.inference_mode()

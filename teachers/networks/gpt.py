@@ -186,23 +186,31 @@ class GuidedDecoding:
         p = next(self.parameters())
         return (RaggedKVCache if ragged else KVCache)(self.cfg, batch, p.device, p.dtype)
 
-    def prefill(self, cond, cache: KVCache):
-        """Consume the condition; return the output for the first token, (B, V) or (B, n_embd)."""
-        return self.logits(self.trunk(self.embed_condition(cond), cache))[:, -1]
+    def prefill(self, cond, cache: KVCache, prefix: torch.Tensor | None = None):
+        """Consume the condition, and the tokens `prefix` (B, k) after it in the same pass; return the output for the
+        next token, (B, V) or (B, n_embd)."""
+        x = self.embed_condition(cond)  # (B, P, d)
+        if prefix is not None and prefix.shape[1]:
+            x = torch.cat([x, self.embed_tokens(prefix)], 1)  # (B, P + k, d)
+        return self.logits(self.trunk(x, cache))[:, -1]
 
     def extend(self, tokens, cache: KVCache):
         """Append tokens (B, L) or (B, L, D) after each row's cached ones; outputs (B, L, ...), row t predicts
         the token after t."""
         return self.logits(self.trunk(self.embed_tokens(tokens), cache))
 
-    def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False):
+    def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False,
+              prefix: torch.Tensor | None = None):
         """Prefill the condition (B, P), and with cfg != 1 its unconditional twin (all `null_id`) as rows B..2B-1;
-        returns the state and the outputs for the first token, (B or 2B, ...)."""
+        returns the state and the outputs for the first token, (B or 2B, ...). With `prefix` (B, k) those tokens are
+        read in the same pass, after the condition, and the outputs are for the token after them."""
         B, P = cond.shape
         if cfg != 1.0:
             cond = torch.cat([cond, torch.full_like(cond, null_id)])
         state = GuidedState(self.new_cache(len(cond), ragged), cfg, B, P)
-        return state, self.prefill(cond, state.cache)
+        if prefix is not None and cfg != 1.0:
+            prefix = torch.cat([prefix, prefix])  # both branches read the same tokens
+        return state, self.prefill(cond, state.cache, prefix)
 
     def extend_guided(self, state: GuidedState, tokens: torch.Tensor):
         """`extend` for every branch: both CFG branches see the same tokens (B, L[, D]) -> (B or 2B, L, ...)."""
