@@ -51,7 +51,7 @@ class Skip(FromPairs):
 
     def sample(self, cond, *, generator):
         N, n = self.teacher.seq_len, self.config.skip
-        modes = self.fitted().of(cond)[:, N - n :].argmax(-1)  # (B, n)
+        modes = self.fitted().modes(cond)[:, N - n :]  # (B, n)
         s = self.config.sampling
         head = rollout(self.teacher, cond, s, N - n, lambda i, probs: draw(probs, generator, s.greedy))
         tokens = torch.cat([head, modes], dim=1)  # (B, N)

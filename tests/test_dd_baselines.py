@@ -71,9 +71,9 @@ def test_onestep_marginals_are_the_empirical_frequencies(fitted):
     cond = pairs.cond[:1]
     rows = (pairs.cond == cond).all(-1)
     freq = torch.nn.functional.one_hot(pairs.tokens[rows], teacher.vocab_size).double().mean(0)  # (n, V)
-    torch.testing.assert_close(method.marginals.of(cond)[0], freq)
+    torch.testing.assert_close(method.marginals.probs(cond)[0], freq)
     pooled = torch.nn.functional.one_hot(pairs.tokens, teacher.vocab_size).double().mean(0)
-    torch.testing.assert_close(method.marginals.of(torch.tensor([[99, 99]]))[0], pooled)  # an unseen condition
+    torch.testing.assert_close(method.marginals.probs(torch.tensor([[99, 99]]))[0], pooled)  # an unseen condition
 
     out = method.sample(cond.expand(4000, -1), generator=torch.Generator().manual_seed(0))
     assert out.counters == Counter(nfe=4000, tokens=4000 * teacher.seq_len)
@@ -104,7 +104,7 @@ def test_skip_n_fills_the_tail_with_the_per_condition_modes(fitted):
     ar = ar_token.sample_ar(teacher, cond, S, generator=torch.Generator().manual_seed(2))
     out = method.sample(cond, generator=torch.Generator().manual_seed(2))
     assert torch.equal(out.data[:, : N - n], ar.data[:, : N - n])
-    assert torch.equal(out.data[:, N - n :], method.marginals.of(cond)[:, N - n :].argmax(-1))
+    assert torch.equal(out.data[:, N - n :], method.marginals.probs(cond)[:, N - n :].argmax(-1))
     assert out.counters == Counter(nfe=8 * (N - n), tokens=8 * N)
 
 

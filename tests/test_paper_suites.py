@@ -96,8 +96,8 @@ TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
         **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
         **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
         "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3"}
-# Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps) cut to seconds: every trial still runs.
-QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"]}
+# Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds.
+QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"]}
 TINY_DIT_DEPTH = 2  # ARD's N = 6 and 28 history layers read this many blocks of the tiny DiT
 # scales / tokens: DD's t2, ts, split, skip-n's skip and MAR's num_iter fit in them
 TINY_LENGTH = {"TinyVAR": 4, "TinyLlamaGen": 16, "TinyOfficialMAR": 16}
