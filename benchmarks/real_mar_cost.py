@@ -1,12 +1,13 @@
-"""What CSpD's real pair costs per call at full size, without the weights (random ones): MAR-H's (the target's) and
-MAR-B's (the draft's) encoder-decoder pass over 256 tokens at a mid-generation step (128 known), CFG rows 2 per image,
+"""What CSpD's real pair costs per call at full size, without the weights (random ones): MAR-H's or MAR-L's (the
+target's, `--target`) and MAR-B's (the draft's) encoder-decoder pass over 256 tokens at a mid-generation step (128 known), CFG rows 2 per image,
 and each one's DiffLoss head chain for one token at MAR's 100 steps, side by side in one process; then what a round
 of gamma tokens costs in each CSpD mode against gamma steps of MAR-H alone (heads included):
 - MAR-H alone: gamma (pass + head);
 - `released`: gamma draft (pass + head) + 1 target pass (prefix only) + gamma target heads;
 - `exact` / `paper`: gamma draft (pass + head) + 1 target pass over gamma + 1 known sets + gamma target heads.
 
-    python benchmarks/real_mar_cost.py [--gammas 4 8 16 32] [--threads 2] [--repeats 3] [--device cpu]
+    python benchmarks/real_mar_cost.py [--target mar_huge|mar_large] [--gammas 4 8 16 32] [--threads 2] [--repeats 3]
+        [--device cpu]
 """
 from __future__ import annotations
 
@@ -20,17 +21,20 @@ from teachers.families.continuous_ar import TokenNoise
 from teachers.networks.mar import MAR
 from teachers.pretrained.mar import MARH
 
-HEADS = {"mar_huge": (1536, 12), "mar_base": (1024, 6)}  # the released checkpoints' DiffLoss (width, depth)
+# the released checkpoints' DiffLoss (width, depth): LTH14/mar README's commands (--diffloss_w, --diffloss_d)
+HEADS = {"mar_huge": (1536, 12), "mar_large": (1280, 8), "mar_base": (1024, 6)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="mar_huge", choices=["mar_huge", "mar_large"])
     ap.add_argument("--gammas", type=int, nargs="+", default=[4, 8, 16, 32])
     args, device = cost_arguments(ap)
     torch.manual_seed(0)
     s = masked_ar.SamplingConfig(steps=100, cfg=3.2, final_noise=False)  # MAR-H's evaluation settings
     cost, n_params = {}, {}
-    for name, (w, d) in HEADS.items():
+    for name in (args.target, "mar_base"):
+        w, d = HEADS[name]
         net = MAR(MARH.config(name, w, d)).to(device).eval()
         n_params[name] = sum(p.numel() for p in net.parameters())
         model = masked_ar.NetworkModel(net)
@@ -49,12 +53,12 @@ def main() -> None:
         cost[name, "head"] = median_seconds(lambda: model.denoise(z, noise.x_T[:, 0], noise.eps[:, 0], s, s.cfg),
                                             args.repeats, device)
         for g in args.gammas:
-            if name == "mar_huge":
+            if name == args.target:
                 cost[name, "sets", g] = median_seconds(passes(g + 1), args.repeats, device)
-    H, B = "mar_huge", "mar_base"
-    print(f"MAR-H ({n_params[H] / 1e6:.1f} M) / MAR-B ({n_params[B] / 1e6:.1f} M) with random weights, 256 tokens, "
+    H, B = args.target, "mar_base"
+    print(f"{H} ({n_params[H] / 1e6:.1f} M) / MAR-B ({n_params[B] / 1e6:.1f} M) with random weights, 256 tokens, "
           f"{args.device}, {args.threads} threads, CFG rows 2, batch 1, head 100 steps, median of {args.repeats}")
-    print("| call | MAR-H s | MAR-B s |\n|---|---|---|")
+    print(f"| call | {H} s | MAR-B s |\n|---|---|---|")
     print(f"| encoder-decoder pass (128 of 256 known) | {cost[H, 'pass']:.4f} | {cost[B, 'pass']:.4f} |")
     print(f"| head chain, one token, 100 steps | {cost[H, 'head']:.4f} | {cost[B, 'head']:.4f} |")
     print(f"c = draft / target step (pass + head): {(cost[B, 'pass'] + cost[B, 'head']) / (cost[H, 'pass'] + cost[H, 'head']):.3f}")
