@@ -96,8 +96,9 @@ TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
         **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
         **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
         "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3"}
-# Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds.
-QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"]}
+# Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds,
+# and MAR's 100-step diffusion head to 10 steps.
+QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"], "cspd": ["steps=10"]}
 TINY_DIT_DEPTH = 2  # ARD's N = 6 and 28 history layers read this many blocks of the tiny DiT
 # scales / tokens: DD's t2, ts, split, skip-n's skip and MAR's num_iter fit in them
 TINY_LENGTH = {"TinyVAR": 4, "TinyLlamaGen": 16, "TinyOfficialMAR": 16}
@@ -153,7 +154,7 @@ def write_paper_files(folder: Path, suite: dict) -> None:
     np.savez(folder / "VIRTUAL_imagenet256_labeled.npz", mu=rng.normal(size=FEATURES), sigma=np.eye(FEATURES),
              arr_0=rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8))
     torch.jit.script(TinyInception()).save(str(folder / "inception.pt"))
-    write_tiny_fidelity(folder / inception.LOGITS_WEIGHTS)
+    torch.save({}, folder / inception.LOGITS_WEIGHTS)  # read by TinyInceptionLogits' stand-in: present, not loaded
     write_sdtt_checkpoints(folder)
     shutil.copytree(folder / "gpt2", folder / "gpt2-large")
     for trial in suite["trials"]:
@@ -167,16 +168,25 @@ def write_paper_files(folder: Path, suite: dict) -> None:
                 write_dd_student(folder / student, TINY[trial.get("teacher", suite.get("defaults", {}).get("teacher"))])
 
 
-def write_tiny_fidelity(path: Path) -> None:
-    """torch-fidelity's Inception-v3 with the classifier, random weights, in the file layout it reads."""
-    from unittest import mock
+class TinyInceptionLogits(torch.nn.Module):
+    """A stand-in for torch-fidelity's Inception with its classifier (`is@inception`): its weights file is only
+    checked for, as the real one's is; the network itself is proved against torch-fidelity in
+    tests/test_metrics_inception.py, and its 299 px forward would be most of this test's time."""
 
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+    num_classes, batch, max_reference = 1008, 32, None
 
-    torch.save({}, path)
-    with mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None):
-        net = FeatureExtractorInceptionV3("x", ["2048"], feature_extractor_weights_path=str(path))
-    torch.save(net.state_dict(), path)
+    def __init__(self, path: Path):
+        from metrics import inception
+
+        super().__init__()
+        self.name, self.preprocessing, self.fingerprint = inception.NAME, inception.PREPROCESSING, "tiny"
+        self.num_features = FEATURES
+        self.proj = torch.nn.Linear(3 * 4 * 4, self.num_classes)
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        from metrics.inception import to_uint8
+
+        return self.proj(torch.nn.functional.adaptive_avg_pool2d(to_uint8(images).float(), 4).flatten(1))
 
 
 @pytest.mark.parametrize("path", PAPER_SUITES, ids=lambda p: p.stem)
@@ -192,6 +202,7 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
 
     for name, cls in TINY.items():
         monkeypatch.setitem(TEACHERS._entries, name, getattr(fakes, cls))
+    monkeypatch.setattr("metrics.inception.InceptionLogits", TinyInceptionLogits)
     suite = yaml.safe_load(path.read_text())
     suite["trials"] = tiny_trials(suite)
     tiny_suite = tmp_path / path.name
