@@ -71,7 +71,8 @@ def _fmt(values: list[float], digits: int, suffix: str = "") -> str:
 
 
 def _knob_text(knobs: dict, names) -> str:
-    return ", ".join(f"{k}={knobs[k]}" for k in names if k in knobs) or "—"
+    """"k=v, ..." of `names`; a knob left empty (a file knob unset, e.g. `student`) says nothing and is left out."""
+    return ", ".join(f"{k}={knobs[k]}" for k in names if knobs.get(k, "") != "") or "—"
 
 
 def shown_knobs(r: TrialRun, runs: list[TrialRun], exclude=()) -> str:
