@@ -1,8 +1,9 @@
 """What CSpD's real pair costs per call at full size, without the weights (random ones): MAR-H's or MAR-L's (the
-target's, `--target`) and MAR-B's (the draft's) encoder-decoder pass over 256 tokens at a mid-generation step (128 known), CFG rows 2 per image,
-and each one's DiffLoss head chain for one token at MAR's 100 steps, side by side in one process; then what a round
-of gamma tokens costs in each CSpD mode against gamma steps of MAR-H alone (heads included):
-- MAR-H alone: gamma (pass + head);
+target's, `--target`) and MAR-B's (the draft's) encoder-decoder pass over 256 tokens at a mid-generation step (128
+known), CFG rows 2 per image, and each one's DiffLoss head chain for one token at MAR's 100 steps, side by side in
+one process; then what a round of gamma tokens costs in each CSpD mode against gamma steps of the target alone (heads
+included):
+- the target alone: gamma (pass + head);
 - `released`: gamma draft (pass + head) + 1 target pass (prefix only) + gamma target heads;
 - `exact` / `paper`: gamma draft (pass + head) + 1 target pass over gamma + 1 known sets + gamma target heads.
 

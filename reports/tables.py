@@ -119,9 +119,10 @@ class Column:
 
 
 def _columns(quality) -> list[Column]:
-    return [Column("NFE / sample ↓", "nfe_per_sample", digits=1), Column("ms / sample ↓", "sec_per_sample_median", 1000),
-            Column("speed-up wall ↑", "speedup_wall", suffix="×"), Column("speed-up steps ↑", "speedup_steps",
-                                                                        suffix="×"),
+    return [Column("NFE / sample ↓", "nfe_per_sample", digits=1),
+            Column("ms / sample ↓", "sec_per_sample_median", 1000),
+            Column("speed-up wall ↑", "speedup_wall", suffix="×"),
+            Column("speed-up steps ↑", "speedup_steps", suffix="×"),
             *(Column(_header(k, h), k) for k, h in quality)]
 
 
@@ -172,7 +173,8 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
         def per_seed(c: Column):
             if c.key.startswith("speedup_"):
                 return [1.0]
-            found = ([r.metrics[f"ref/{c.key}"] for r in seeds[s] if f"ref/{c.key}" in r.metrics] for s in sorted(seeds))
+            key = f"ref/{c.key}"
+            found = ([r.metrics[key] for r in seeds[s] if key in r.metrics] for s in sorted(seeds))
             return [vals[0] for vals in found if vals]
 
         lines.append("| " + " | ".join([f"{ref} (teacher)", "—", samp, str(batch), str(n), str(len(seeds)),
@@ -223,7 +225,8 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
     lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
              "| teacher arm |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in sorted(best):
-        (teacher, knobs, batch, _, _), seeds = max(best[method].items(), key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
+        (teacher, knobs, batch, _, _), seeds = max(best[method].items(),
+                                                   key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
         rs = [seeds[s] for s in sorted(seeds)]
         rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
         quality = sorted(quality_columns(rs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))

@@ -213,8 +213,9 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
     monkeypatch.setenv("ACCELBENCH_INCEPTION_WEIGHTS", str(ckpt / "inception.pt"))
     store, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "report"
     quick = [a for q in QUICK.get(path.stem.split("-")[0], []) for a in ("--param", q)]
-    assert main(["suite", str(tiny_suite), "--n-samples", "4", *quick, "--checkpoints", str(ckpt), "--tracking-uri", store,
-                 "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--warmup", "0", "--no-progress"]) == 0
+    assert main(["suite", str(tiny_suite), "--n-samples", "4", *quick, "--checkpoints", str(ckpt),
+                 "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--warmup", "0",
+                 "--no-progress"]) == 0
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name(suite["experiment"]).experiment_id])
     assert len(runs) == len(suite["trials"]) * len(suite.get("seeds", [0]))
