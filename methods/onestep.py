@@ -95,8 +95,11 @@ class Marginals:
         return out.to(cond.device)
 
     def modes(self, cond: torch.Tensor) -> torch.Tensor:
-        """The most frequent token (B, n) at each position for cond (B, P); ties go to the lowest token id."""
-        return torch.cat([self.probs(cond[b : b + 1]).argmax(-1) for b in range(len(cond))])
+        """The most frequent token (B, n) at each position for cond (B, P); ties go to the lowest token id. Counted
+        once per distinct condition of the batch, one at a time (a (n, V) table each: LlamaGen's is 33 MB)."""
+        distinct, inverse = torch.unique(cond, dim=0, return_inverse=True)
+        per = torch.cat([self.probs(distinct[u : u + 1]).argmax(-1) for u in range(len(distinct))])  # (U, n)
+        return per[inverse.to(per.device)]
 
 
 class FromPairs(Method):

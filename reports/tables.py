@@ -8,6 +8,7 @@ gets a "paper" column and the difference (ours − paper) beside it.
 """
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ class TrialRun:
     warmup: str = "unknown"  # warm-up batches per arm before timing
     batch_size: int = 1
 
-    @property
+    @functools.cached_property  # read from the tags once per run
     def paper(self) -> dict:
         """The paper's numbers for this run's setting (a paper suite's `paper:`), empty for other runs."""
         return from_tags(self.tags)
