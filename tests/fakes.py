@@ -22,10 +22,11 @@ from teachers.pretrained.var import VARC2I
 class _TableState:
     rows: list  # the tokens of each sequence of the batch
     cfg: float
+    ragged: bool = False  # rows keep their own lengths
 
     @property
-    def length(self) -> int:
-        return len(self.rows[0])
+    def length(self) -> int | torch.Tensor:
+        return torch.tensor([len(row) for row in self.rows]) if self.ragged else len(self.rows[0])
 
 
 class TableAR:
@@ -33,12 +34,15 @@ class TableAR:
 
     Every prefix gets its own distribution, so verification bugs that only a real prefix dependence exposes are not
     hidden. `extend` also records every prefix it was asked about, for KV-rollback checks. Sequences of a batch are
-    looked up one by one; `codebook` is a fixed random unit vector per token (flow-matching methods map into it).
+    looked up one by one, so rows keep their own lengths (a ragged state); an input past the sequence's end (a padded
+    window) predicts nothing and gets zero logits. `codebook` is a fixed random unit vector per token (flow-matching
+    methods map into it).
     """
 
     family: ClassVar = ar_token.FAMILY
     modality: ClassVar[str] = "image"
     supports_cfg: ClassVar[bool] = True
+    ragged_cache: ClassVar[bool] = True
 
     def __init__(self, vocab=3, seq_len=4, grid=(2, 2), seed=0, sharpness=1.5):
         g = torch.Generator().manual_seed(seed)
@@ -60,8 +64,8 @@ class TableAR:
     def conditions(self, n, generator):
         return torch.zeros(n, 1, dtype=torch.long, device=generator.device)
 
-    def start(self, cond, *, cfg):
-        state = _TableState([[] for _ in range(len(cond))], cfg)
+    def start(self, cond, *, cfg, ragged=False):
+        state = _TableState([[] for _ in range(len(cond))], cfg, ragged)
         return state, self._logits([], cfg).expand(len(cond), -1)
 
     def extend(self, state, tokens):
@@ -70,13 +74,17 @@ class TableAR:
             steps = []
             for t in new:
                 row.append(t)
-                steps.append(self._logits(row, state.cfg))
+                steps.append(self._logits(row, state.cfg) if len(row) < self.seq_len else torch.zeros(self.vocab_size))
             out.append(torch.stack(steps))
         return torch.stack(out)  # (B, L, V)
 
     def rollback(self, state, length):
-        for row in state.rows:
-            del row[length:]
+        lengths = length.tolist() if torch.is_tensor(length) else [length] * len(state.rows)
+        for row, n in zip(state.rows, lengths):
+            del row[n:]
+
+    def select(self, state, rows):
+        state.rows = [state.rows[i] for i in rows.tolist()]
 
     def decode(self, tokens):
         return tokens.float().view(len(tokens), 1, *self.grid) / max(1, self.vocab_size - 1)

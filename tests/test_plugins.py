@@ -39,6 +39,7 @@ PLUGIN = textwrap.dedent('''
         family = ar_token.FAMILY
         modality = "text"
         supports_cfg = False
+        ragged_cache = False  # one cache length for the batch: SJD decodes it one sequence at a time
 
         @classmethod
         def key(cls):

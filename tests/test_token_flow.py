@@ -81,6 +81,7 @@ class TwoTokenToy:
     """The paper's toy (Sec. 3.1) through the family protocol: x1 uniform on {0, 1}, then x2 = x1."""
 
     family = ar_token.FAMILY
+    ragged_cache = False  # one length for the batch
     seq_len, vocab_size, grid = 2, 2, (1, 2)
     codebook = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
 

@@ -5,7 +5,9 @@ models (SDTT's AR baseline, arXiv:2410.21035 §4.4) are one family: a prefix con
 a text prompt, or nothing) followed by `seq_len` generated tokens; `grid` is the image raster (rows, cols), or
 (seq_len,) for text. A method talks to such a teacher only through `ARTokenTeacher`: `start` (prefill the
 condition, CFG branches included), `extend` (append tokens, get next-token logits), `rollback` (drop cached
-positions), and `process` (logits -> the sampling distribution, the same for sampling and verification).
+positions), and `process` (logits -> the sampling distribution, the same for sampling and verification). A teacher
+with `ragged_cache` also keeps a batch whose rows have their own lengths (`start(..., ragged=True)`, `rollback` to
+per-row lengths, `select` to drop finished rows): what SJD and Jacobi decoding need at batch size > 1.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class SamplingConfig:
 
 
 class DecodeState(Protocol):
-    length: int  # generated tokens whose keys/values are cached
+    length: int | torch.Tensor  # generated tokens whose keys/values are cached; (B,) per row in a ragged state
 
 
 class TokenNetwork(Protocol):
@@ -68,15 +70,25 @@ class ARTokenTeacher(Protocol):
     vocab_size: int
     grid: tuple[int, ...]  # (rows, cols) of an image raster, or (N,) for text
     network: TokenNetwork
+    # Rows of one batch may hold different lengths (speculative and Jacobi decoding commit a different number of
+    # tokens per row): `start` takes `ragged=True`, `rollback` per-row lengths (B,), and `select` drops rows. False (or
+    # absent): every row has the state's one length, and SJD / Jacobi decode one sequence at a time.
+    ragged_cache: ClassVar[bool]
 
     # (n, P) prefix conditions, drawn with `generator` on its device
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[DecodeState, torch.Tensor]: ...  # logits (B, V)
     # A teacher with a `network` (the distillable ones, `GuidedNetworkTeacher`) also takes `prefix` (B, k) in `start`:
     # those tokens read in the same pass after the condition, the logits then the next token's (DD's teacher segment,
-    # as the released runner prefills the class token and DD's tokens together).
+    # as the released runner prefills the class token and DD's tokens together). A `ragged_cache` teacher takes
+    # `ragged=True`: a state whose rows keep their own lengths.
+    # Row t of the output predicts the token after input t. In a ragged state each row appends after its own length;
+    # a caller may pad shorter rows' inputs to L and ignore their outputs (rolling the row back past them).
     def extend(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, L) -> (B, L, V)
-    def rollback(self, state: DecodeState, length: int) -> None: ...
+    # Keep the first `length` generated tokens: an int for every row, or (B,) per row in a ragged state.
+    def rollback(self, state: DecodeState, length: int | torch.Tensor) -> None: ...
+    # A ragged state only: keep these rows (B',), in this order (finished sequences leave the batch).
+    def select(self, state: DecodeState, rows: torch.Tensor) -> None: ...
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | list[str]: ...
     # Image teachers also have `codebook` (V, D), the code vectors behind the ids (DD flows into them), and
     # `captions(cond)`, the prompt of each condition (text-image metrics). Text teachers have what the text metrics
@@ -85,23 +97,28 @@ class ARTokenTeacher(Protocol):
 
 
 class GuidedNetworkTeacher:
-    """`start`, `extend` and `rollback` of a teacher whose network decodes with CFG branches
+    """`start`, `extend`, `rollback` and `select` of a teacher whose network decodes with CFG branches
     (`teachers.networks.gpt.GuidedDecoding`): the guided logits are u + s (c - u), the unconditional branch's
-    condition all `null_id` (LlamaGen's `generate`, real_checkpoints.md §2e)."""
+    condition all `null_id` (LlamaGen's `generate`, real_checkpoints.md §2e). A ragged state is the network's
+    `RaggedKVCache`, both branches of a row rolled back and selected together."""
 
     null_id: int
+    ragged_cache: ClassVar[bool] = True
 
     @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float, prefix: torch.Tensor | None = None):
-        state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id, prefix=prefix)
+    def start(self, cond: torch.Tensor, *, cfg: float, prefix: torch.Tensor | None = None, ragged: bool = False):
+        state, logits = self.network.start(cond, cfg=cfg, null_id=self.null_id, ragged=ragged, prefix=prefix)
         return state, guide(state, logits)
 
     @torch.inference_mode()
     def extend(self, state, tokens: torch.Tensor) -> torch.Tensor:
         return guide(state, self.network.extend_guided(state, tokens))
 
-    def rollback(self, state, length: int) -> None:
-        state.cache.truncate(state.cond_len + length)
+    def rollback(self, state, length: int | torch.Tensor) -> None:
+        state.truncate(length)
+
+    def select(self, state, rows: torch.Tensor) -> None:
+        state.select(rows)
 
 
 def guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)

@@ -42,9 +42,11 @@ class KVCache:
     """Keys/values of every layer for a batch whose rows share one length, preallocated to the full context;
     `truncate` rolls back."""
 
+    scratch = 0  # slots after the context that no real input reads
+
     def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
         hd = cfg.n_embd // cfg.n_head
-        shape = (cfg.n_layer, batch, cfg.n_head, cfg.cond_len + cfg.seq_len, hd)
+        shape = (cfg.n_layer, batch, cfg.n_head, cfg.cond_len + cfg.seq_len + self.scratch, hd)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0  # positions (condition + image) currently valid
@@ -75,18 +77,27 @@ class KVCache:
 
 class RaggedKVCache(KVCache):
     """A KV cache whose rows have their own lengths (B,): speculative decoding commits a different number of tokens
-    per row. Attention reads the whole buffer; a row's stale slots sit beyond its positions and are masked."""
+    per row. Attention reads the whole buffer; a row's stale slots sit beyond its positions and are masked.
+
+    Windows of different lengths share a pass padded to one length, so a row near its end may feed padding past the
+    context: those inputs take the last position (embeddings, mask) and write their keys/values to a scratch slot
+    after the context, which no query reads; the caller ignores their outputs and rolls the row back."""
+
+    scratch = 1
 
     def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
         super().__init__(cfg, batch, device, dtype)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
 
+    def _slots(self, L: int) -> torch.Tensor:
+        return self.length[:, None] + torch.arange(L, device=self.k.device)  # (B, L), past the context for padding
+
     def positions(self, L: int) -> torch.Tensor:
-        return self.length[:, None] + torch.arange(L, device=self.k.device)  # (B, L)
+        return self._slots(L).clamp(max=self.k.shape[3] - 1 - self.scratch)  # (B, L)
 
     def update(self, layer, k, v):
         B, H, L, hd = k.shape
-        idx = self.positions(L)[:, None, :, None].expand(B, H, L, hd)
+        idx = self._slots(L).clamp(max=self.k.shape[3] - 1)[:, None, :, None].expand(B, H, L, hd)
         self.k[layer].scatter_(2, idx, k)
         self.v[layer].scatter_(2, idx, v)
         return self.k[layer], self.v[layer]
@@ -121,6 +132,19 @@ class GuidedState:
         """Tokens cached after the condition: an int, or (batch,) per row for a ragged cache."""
         length = self.cache.length
         return (length[: self.batch] if torch.is_tensor(length) else length) - self.cond_len
+
+    def truncate(self, length: int | torch.Tensor) -> None:
+        """Keep the first `length` tokens after the condition: an int, or (batch,) per row for a ragged cache, the
+        unconditional branch's rows with their conditional twins."""
+        if torch.is_tensor(length) and self.cfg != 1.0:
+            length = torch.cat([length, length])
+        self.cache.truncate(self.cond_len + length)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows (batch',) of a ragged cache, in this order, each with its unconditional twin: finished
+        sequences leave the batch."""
+        self.cache.select(torch.cat([rows, rows + self.batch]) if self.cfg != 1.0 else rows)
+        self.batch = len(rows)
 
 
 class CausalSelfAttention(nn.Module):

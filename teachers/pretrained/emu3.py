@@ -81,6 +81,8 @@ class Emu3Gen:
     family: ClassVar = ar_token.FAMILY
     modality: ClassVar[str] = "image"
     supports_cfg: ClassVar[bool] = True  # guided by the negative prompt
+    # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
+    ragged_cache: ClassVar[bool] = False
     folder: ClassVar[str] = FOLDER
     ratio: ClassVar[str] = "1:1"  # width:height
     image_area: ClassVar[int] = 518400  # 720^2, the processor's and the official config's default

@@ -41,6 +41,8 @@ class HFCausalLMTeacher:
     family: ClassVar = ar_token.FAMILY
     modality: ClassVar[str] = "text"
     supports_cfg: ClassVar[bool] = False  # no unconditional branch: guidance would need a prompt-free twin
+    # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
+    ragged_cache: ClassVar[bool] = False
 
     def __init__(self, name: str, network: torch.nn.Module, tokenizer, prompts: torch.Tensor, references: list[str],
                  new_tokens: int, info: dict, bos_id: int | None = None):

@@ -29,6 +29,7 @@ BOS = 0  # the only condition id
 class TextGPTTeacher(TextTeacher):
     family: ClassVar = ar_token.FAMILY
     supports_cfg: ClassVar[bool] = False  # an unconditional LM: nothing to guide with
+    ragged_cache: ClassVar[bool] = True  # the GPT's `RaggedKVCache`
     network_class = (GPT, GPTConfig, "gpt")
 
     @classmethod
@@ -66,16 +67,19 @@ class TextGPTTeacher(TextTeacher):
 
     # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------
     @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[GuidedState, torch.Tensor]:
+    def start(self, cond: torch.Tensor, *, cfg: float, ragged: bool = False) -> tuple[GuidedState, torch.Tensor]:
         """cond (B, 0): the LM is unconditional, its only prefix the BOS."""
         if cond.shape[1]:
             raise ValueError(f"{self.name} is unconditional: its conditions are empty, got {tuple(cond.shape)}")
         bos = torch.full((len(cond), 1), BOS, dtype=torch.long, device=cond.device)
-        return self.network.start(bos, cfg=cfg, null_id=BOS)
+        return self.network.start(bos, cfg=cfg, null_id=BOS, ragged=ragged)
 
     @torch.inference_mode()
     def extend(self, state: GuidedState, tokens: torch.Tensor) -> torch.Tensor:
         return self.network.extend_guided(state, tokens)
 
-    def rollback(self, state: GuidedState, length: int) -> None:
-        state.cache.truncate(state.cond_len + length)
+    def rollback(self, state: GuidedState, length: int | torch.Tensor) -> None:
+        state.truncate(length)
+
+    def select(self, state: GuidedState, rows: torch.Tensor) -> None:
+        state.select(rows)
