@@ -3,6 +3,7 @@
 Same window loop as SJD, but a draft is accepted only if it equals this pass's token at its position. Greedy
 (argmax) is the classic Jacobi iteration and reproduces greedy AR token for token; the sampling variant is the one the
 paper's tables evaluate (released code, `prefix_token_sampler_scheme='jacobi'`): exact in distribution, ~1x faster.
+Batches run as SJD's: the exact-match test is per row, each row with its own window and rollback.
 """
 from __future__ import annotations
 

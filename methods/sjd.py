@@ -9,6 +9,12 @@ rolled back to the committed prefix. Semantics follow the note (shared/notes/sjd
 distribution.
 
 The same loop with the exact-match criterion is Jacobi decoding (`methods/jacobi.py`).
+
+A batch runs one such loop per row in shared forward passes: each row has its own committed length, drafts, window
+and rollback, and the rules decide per row on random numbers of its own, so each row's tokens follow the teacher's
+law exactly as at batch size 1. Windows are padded to the longest live one (padding is never verified nor committed;
+the teacher's ragged state masks it from the row's real tokens and the rollback drops it), and a finished row leaves
+the batch (`select`), so later passes spend nothing on it.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
+import torch.nn.functional as F
 
 from bench.errors import UserError
 from bench.samples import Samples
@@ -57,23 +64,34 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (p - q).clamp(min=0)
 
 
-def speculative_rule(P, drafts, qs, S, generator):
-    """Verify drafts left to right; returns (number accepted, replacement token at the first rejection or None)."""
-    p_d = P.gather(1, drafts[:, None]).squeeze(1)
-    q_d = qs.gather(1, drafts[:, None]).squeeze(1)
-    u = torch.rand(len(drafts), generator=generator, device=P.device)
-    rejected = (u * q_d >= p_d).nonzero()  # Eq. 1: accept iff u < min(1, p/q), i.e. u * q < p for u in [0, 1)
-    if len(rejected) == 0:
-        return len(drafts), None
-    n_ok = int(rejected[0])
-    return n_ok, draw(residual(P[n_ok], qs[n_ok]), generator)
+def speculative_rule(P, drafts, qs, S, n_valid, generator):
+    """Verify each row's drafts left to right (Eq. 1) and resample its first rejection from the residual (Eq. 2).
+
+    P (M, L, V) this pass's distributions (row t predicts the position of draft t), drafts (M, L-1) with their draft
+    distributions qs (M, L-1, V), S (M, L) this pass's tokens, n_valid (M,) each row's real drafts (the rest pads the
+    window). Returns the drafts accepted per row (M,) and the token at each row's first rejection (M,), meaningful
+    where fewer than n_valid were accepted.
+    """
+    M, D = drafts.shape
+    p_d = P[:, :D].gather(2, drafts[..., None]).squeeze(2)  # (M, D)
+    q_d = qs.gather(2, drafts[..., None]).squeeze(2)  # (M, D)
+    u = torch.rand(M, D, generator=generator, device=P.device)
+    padding = torch.arange(D, device=P.device) >= n_valid[:, None]  # (M, D)
+    stop = (u * q_d >= p_d) | padding  # Eq. 1: accept iff u < min(1, p/q), i.e. u * q < p for u in [0, 1)
+    n_ok = (~stop).long().cumprod(1).sum(1)  # (M,) drafts before the first stop
+    replacement = torch.zeros_like(n_ok)
+    hit = (n_ok < n_valid).nonzero().squeeze(1)
+    replacement[hit] = draw(residual(P[hit, n_ok[hit]], qs[hit, n_ok[hit]]), generator)
+    return n_ok, replacement
 
 
-def exact_match_rule(P, drafts, qs, S, generator):
-    """Jacobi decoding: a draft is accepted iff it equals this pass's token at its position (released code)."""
-    same = (drafts == S[: len(drafts)]).long()
-    n_ok = int(same.cumprod(0).sum())
-    return n_ok, (None if n_ok == len(drafts) else S[n_ok])
+def exact_match_rule(P, drafts, qs, S, n_valid, generator):
+    """Jacobi decoding: a draft is accepted iff it equals this pass's token at its position (released code); the
+    first mismatch takes this pass's token. Arguments and returns as `speculative_rule`'s."""
+    D = drafts.shape[1]
+    same = (drafts == S[:, :D]) & (torch.arange(D, device=S.device) < n_valid[:, None])  # (M, D)
+    n_ok = same.long().cumprod(1).sum(1)  # (M,)
+    return n_ok, S.gather(1, n_ok[:, None]).squeeze(1)
 
 
 class _Drafter:
@@ -82,81 +100,118 @@ class _Drafter:
     def __init__(self, scheme: str, vocab: int, row: int, generator):
         self.scheme, self.vocab, self.row, self.generator = scheme, vocab, row, generator
 
-    def fill(self, start: int, stop: int, seq: torch.Tensor, dists: torch.Tensor) -> None:
-        """Write drafts into seq[start:stop] and their one-hot distributions into dists[start:stop]."""
+    def fill(self, start: torch.Tensor, stop: torch.Tensor, seq: torch.Tensor, dists: torch.Tensor) -> None:
+        """Per row m, write drafts into seq[m, start[m]:stop[m]] and their one-hot distributions into dists."""
+        width = stop - start  # (M,)
+        J = int(width.max()) if len(width) else 0
+        if J <= 0:
+            return
+        offset = torch.arange(J, device=seq.device)
+        cols = start[:, None] + offset  # (M, J)
+        fresh = offset < width[:, None]  # (M, J)
+        rows = torch.arange(len(seq), device=seq.device)[:, None].expand_as(cols)
+        r, pos = rows[fresh], cols[fresh]
         if self.scheme == "random":
-            seq[start:stop] = torch.randint(self.vocab, (stop - start,), generator=self.generator, device=seq.device)
+            seq[r, pos] = torch.randint(self.vocab, (len(r),), generator=self.generator, device=seq.device)
         elif self.scheme == "repeat-left":  # every new draft repeats its left neighbour: the last known token
-            seq[start:stop] = seq[start - 1]
+            seq[r, pos] = seq[r, start[r] - 1]
         else:  # the source may be a slot filled in this same call, so go left to right
-            for pos in range(start, stop):
-                above = self.scheme.endswith("above") and pos >= self.row
-                src = pos - self.row if above else pos - 1
-                seq[pos] = seq[src] if self.scheme.startswith("repeat") else draw(dists[src], self.generator)
-                dists[pos].zero_()[seq[pos]] = 1.0
-        dists[start:stop] = 0.0
-        dists[start:stop].scatter_(1, seq[start:stop, None], 1.0)
+            for j in range(J):
+                rj = fresh[:, j].nonzero().squeeze(1)
+                pj = cols[rj, j]
+                src = torch.where(pj >= self.row, pj - self.row, pj - 1) if self.scheme.endswith("above") else pj - 1
+                seq[rj, pj] = seq[rj, src] if self.scheme.startswith("repeat") else draw(dists[rj, src], self.generator)
+                dists[rj, pj] = F.one_hot(seq[rj, pj], self.vocab).to(dists.dtype)
+        dists[r, pos] = F.one_hot(seq[r, pos], self.vocab).to(dists.dtype)
 
 
 @torch.inference_mode()
 def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
-    """Decode one sequence (cond: (1, P)); returns tokens (N,) and counters."""
-    N, V, s = teacher.seq_len, teacher.vocab_size, c.sampling
+    """Decode a batch of sequences (cond: (B, P)); returns tokens (B, N) and counters: `nfe` the passes each row went
+    through, summed over rows (as B sequences decoded one by one would count), `batch_forwards` the passes of the
+    batch, `tokens`, `drafts_verified` and `drafts_accepted` summed over rows."""
+    B, N, V, s = len(cond), teacher.seq_len, teacher.vocab_size, c.sampling
+    ragged = B > 1  # a lone row needs no per-row lengths
+    if ragged and not getattr(teacher, "ragged_cache", False):
+        name = getattr(teacher, "name", type(teacher).__name__)
+        raise UserError(f"teacher {name!r} keeps one cache length for every row of a batch: decode it with SJD or "
+                        f"Jacobi at batch_size 1, got {B}")
     greedy = s.greedy
     drafter = _Drafter(c.init, V, teacher.grid[-1], generator)
-    state, logits = teacher.start(cond, cfg=s.cfg)
-    P0 = process(logits[0], s)  # (V,)
-    # Positions [0, n_out) are committed (their keys/values cached), n_out holds the pending token, and
-    # (n_out, n_out + n_drafts] the drafts. dists holds each position's draft distribution q (one-hot for fresh
-    # drafts, the predicted distribution for refined ones) and, once decided, its predicted distribution.
-    seq = torch.zeros(N, dtype=torch.long, device=P0.device)
-    dists = torch.zeros(N, V, device=P0.device)
-    seq[0], dists[0] = draw(P0, generator, greedy), P0
-    n_out, n_drafts = 0, 0
-    counts = Counter(nfe=1, tokens=N)
-    while n_out + 1 < N:
-        remaining = N - 1 - n_out  # positions after the pending token
-        L = 1 if n_out + 1 < c.ar_head else min(c.window, max(1, remaining - c.ar_tail))
-        n_drafts = min(n_drafts, L - 1)
-        if n_drafts < L - 1:
-            drafter.fill(n_out + 1 + n_drafts, n_out + L, seq, dists)
-        drafts, qs = seq[n_out + 1 : n_out + L], dists[n_out + 1 : n_out + L]
-        P = process(teacher.extend(state, seq[n_out : n_out + L].view(1, L))[0], s)  # (L, V); row t predicts n_out+1+t
-        counts["nfe"] += 1
-        S = draw(P, generator, greedy)  # this pass's tokens: refinements and the bonus token
+    state, logits = teacher.start(cond, cfg=s.cfg, ragged=True) if ragged else teacher.start(cond, cfg=s.cfg)
+    P0 = process(logits, s)  # (B, V)
+    device = P0.device
+    # Per live row m (row rows[m] of the batch): positions [0, n_out[m]) are committed (their keys/values cached),
+    # n_out[m] holds the pending token, and (n_out[m], n_out[m] + n_drafts[m]] the drafts. dists holds each
+    # position's draft distribution q (one-hot for fresh drafts, the predicted distribution for refined ones) and,
+    # once decided, its predicted distribution.
+    out = torch.empty(B, N, dtype=torch.long, device=device)
+    seq = torch.zeros(B, N, dtype=torch.long, device=device)
+    dists = torch.zeros(B, N, V, device=device)
+    seq[:, 0], dists[:, 0] = draw(P0, generator, greedy), P0
+    rows = torch.arange(B, device=device)
+    n_out = torch.zeros(B, dtype=torch.long, device=device)
+    n_drafts = torch.zeros_like(n_out)
+    counts = Counter(nfe=B, batch_forwards=1, tokens=B * N)
+    while True:
+        done = n_out + 1 >= N
+        if done.any():  # finished rows leave the batch, so no later pass spends compute on them
+            out[rows[done]] = seq[done]
+            if done.all():
+                break
+            live = (~done).nonzero().squeeze(1)
+            teacher.select(state, live)
+            rows, seq, dists, n_out, n_drafts = rows[live], seq[live], dists[live], n_out[live], n_drafts[live]
+        M = len(rows)
+        remaining = N - 1 - n_out  # (M,) positions after the pending token
+        width = (remaining - c.ar_tail).clamp(min=1, max=c.window)
+        L_row = torch.where(n_out + 1 < c.ar_head, 1, width)  # (M,) each row's window
+        L, n_valid = int(L_row.max()), L_row - 1
+        n_drafts = torch.minimum(n_drafts, n_valid)
+        drafter.fill(n_out + 1 + n_drafts, n_out + L_row, seq, dists)
+        slot = torch.arange(L, device=device)
+        idx = (n_out[:, None] + slot).clamp(max=N - 1)  # (M, L); slots past a row's window pad it
+        window = seq.gather(1, idx)
+        P = process(teacher.extend(state, window), s)  # (M, L, V); row t predicts position n_out + 1 + t
+        counts.update(nfe=M, batch_forwards=1)
+        S = draw(P, generator, greedy)  # (M, L) this pass's tokens: refinements and the bonus tokens
         if L > 1:
-            n_ok, replacement = rule(P, drafts, qs, S, generator)
-            counts["drafts_verified"] += n_ok + (replacement is not None)
-            counts["drafts_accepted"] += n_ok
+            qs = dists.gather(1, idx[:, 1:, None].expand(M, L - 1, V))  # (M, L-1, V)
+            n_ok, replacement = rule(P, window[:, 1:], qs, S, n_valid, generator)
         else:
-            n_ok, replacement = 0, None
+            n_ok = replacement = torch.zeros_like(n_out)
+        rejected = n_ok < n_valid  # (M,); otherwise every draft was accepted and the last real row gives a bonus
+        counts["drafts_verified"] += int((n_ok + rejected).sum())
+        counts["drafts_accepted"] += int(n_ok.sum())
         pend = n_out + 1 + n_ok  # the pending token and the accepted drafts are committed
-        teacher.rollback(state, pend)
-        if replacement is None:  # every draft accepted: the last row gives a bonus token
-            seq[pend], dists[pend] = S[L - 1], P[L - 1]
-            n_drafts = 0
-        else:  # Eq. 3: the positions after the rejection take this pass's samples and distributions as drafts
-            seq[pend], dists[pend] = replacement, P[n_ok]
-            n_drafts = L - 1 - n_ok if c.refine else 0  # rows n_ok+1 .. L-1, the bonus row included
-            seq[pend + 1 : pend + 1 + n_drafts] = S[n_ok + 1 : L][:n_drafts]
-            dists[pend + 1 : pend + 1 + n_drafts] = P[n_ok + 1 : L][:n_drafts]
+        teacher.rollback(state, pend if ragged else int(pend))
+        # Position pend + j takes this pass's row n_ok + j: j = 0 the decided token (the bonus, or the rejected
+        # position's distribution), and with refinement (Eq. 3) j = 1 .. n_valid - n_ok the next drafts, the bonus
+        # row included. Padding rows (t >= L_row) are never read.
+        take = slot[None] <= (n_valid - n_ok)[:, None] if c.refine else (slot == 0)[None].expand(M, L)
+        r, j = take.nonzero(as_tuple=True)
+        seq[r, pend[r] + j], dists[r, pend[r] + j] = S[r, n_ok[r] + j], P[r, n_ok[r] + j]
+        hit = rejected.nonzero().squeeze(1)
+        seq[hit, pend[hit]] = replacement[hit]  # Eq. 2: the residual sample (or Jacobi's refreshed token)
+        n_drafts = torch.where(rejected, n_valid - n_ok, 0) if c.refine else torch.zeros_like(n_out)
         n_out = pend
-    return seq, counts
+    return out, counts
 
 
 class SJD(Method):
-    """Speculative Jacobi Decoding: Jacobi windows verified by speculative sampling (lossless, training-free)."""
+    """Speculative Jacobi Decoding: Jacobi windows verified by speculative sampling (lossless, training-free). A batch
+    of more than one sequence needs a teacher with a ragged cache (`ARTokenTeacher.ragged_cache`)."""
 
     headline = True
     families = (ar_token.FAMILY,)
     Config = SJDConfig
-    batch_size_one = True
     key_knobs = ("window", "init")
     rule = staticmethod(speculative_rule)
 
     @classmethod
     def passes(cls, config: SJDConfig, family, length: int) -> dict[str, Passes]:
-        return {"method": Passes({"window": length}, at_most=True)}  # a window commits at least one token
+        # per sample, at any batch size: each window commits at least one token of its row
+        return {"method": Passes({"window": length}, at_most=True)}
 
     def __init__(self, teacher, config: SJDConfig):
         super().__init__(teacher, config)
@@ -166,4 +221,4 @@ class SJD(Method):
 
     def sample(self, cond, *, generator):
         tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule)
-        return Samples(tokens.view(1, -1), cond, counts)
+        return Samples(tokens, cond, counts)

@@ -114,7 +114,7 @@ def sjd_p(teacher, n=1500, seed=0) -> float:
     cond, g = torch.tensor([[3]]), torch.Generator().manual_seed(seed)
     law = support_law(teacher, cond, config.sampling)
     assert len(law) == 64
-    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0].tolist()), n)
+    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0][0].tolist()), n)
 
 
 def test_sjd_on_emu3_matches_its_exact_distribution(teacher):

@@ -39,7 +39,7 @@ def table_p(config, rule, teacher=None, seed=0):
     teacher = teacher or TableAR(vocab=3, seq_len=4)
     g = torch.Generator().manual_seed(seed)
     return chi_square_p(teacher.exact_distribution(config.sampling),
-                        lambda: tuple(jacobi_decode(teacher, COND, config, g, rule)[0].tolist()))
+                        lambda: tuple(jacobi_decode(teacher, COND, config, g, rule)[0][0].tolist()))
 
 
 @pytest.mark.parametrize("knobs", [
@@ -82,7 +82,7 @@ def test_window_one_is_autoregressive_decoding():
         ar = ar_token.sample_ar(teacher, cond, s, generator=torch.Generator().manual_seed(7))
         tokens, counts = jacobi_decode(teacher, cond, SJDConfig(s, window=1), torch.Generator().manual_seed(7),
                                        speculative_rule)
-        assert tokens.tolist() == ar.data[0].tolist()
+        assert tokens.tolist() == ar.data.tolist()
         assert counts["nfe"] == teacher.seq_len
 
 
@@ -94,7 +94,7 @@ def test_greedy_jacobi_is_greedy_ar_token_for_token():
     for window in (2, 5, 12):
         tokens, counts = jacobi_decode(teacher, cond, JacobiConfig(s, window=window),
                                        torch.Generator().manual_seed(0), exact_match_rule)
-        assert tokens.tolist() == greedy.tolist()
+        assert tokens[0].tolist() == greedy.tolist()
         assert counts["nfe"] <= teacher.seq_len
 
 
@@ -164,7 +164,7 @@ def exact_law(teacher, cond: torch.Tensor, s: ar_token.SamplingConfig) -> dict[t
 def model_p(teacher, cond, config, rule=speculative_rule, seed=0) -> float:
     g = torch.Generator().manual_seed(seed)
     return chi_square_p(exact_law(teacher, cond, config.sampling),
-                        lambda: tuple(jacobi_decode(teacher, cond, config, g, rule)[0].tolist()))
+                        lambda: tuple(jacobi_decode(teacher, cond, config, g, rule)[0][0].tolist()))
 
 
 def test_sjd_through_the_transformer_kv_cache_matches_its_exact_distribution():
@@ -210,3 +210,96 @@ def test_hf_cache_rollback_equals_full_recompute():
         committed += tokens[0, : torch.randint(1, window + 1, (1,), generator=g).item()].tolist()
         teacher.rollback(state, len(committed))
         assert state.length == len(committed)
+
+
+# ---- batches: every row its own window, acceptance and rollback (ragged KV cache), finished rows leave ---------------
+BATCH_CONDS = torch.tensor([[3, 3], [6, 6], [9, 9], [12, 12]])  # four classes: four laws, four acceptance rates
+N_BATCHES = 2000
+
+
+def rows_p(teacher, conds, config, rule, n=N_BATCHES, seed=0) -> float:
+    """p-value of n batches (one sequence per row of `conds`) against each row's exact law: one chi-square over every
+    row's sequences (independent rows: their statistics add up, one degree of freedom lost per row), each row's cells
+    expected fewer than 5 times pooled; 0 when a sequence of probability 0 was drawn."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [Counter() for _ in conds]
+    for _ in range(n):
+        tokens, _ = jacobi_decode(teacher, conds, config, g, rule)
+        for row, seq in zip(counts, tokens.tolist()):
+            row[tuple(seq)] += 1
+    observed, expected = [], []
+    for cond, row in zip(conds, counts):
+        law = exact_law(teacher, cond[None], config.sampling)
+        if any(law.get(k, 0.0) == 0.0 for k in row):
+            return 0.0
+        z, pool_o, pool_e = sum(law.values()), 0, 0.0
+        for e, o in sorted((p / z * n, row[k]) for k, p in law.items()):
+            if e < 5 or pool_e < 5:
+                pool_o, pool_e = pool_o + o, pool_e + e
+            else:
+                observed.append(o)
+                expected.append(e)
+        observed.append(pool_o)
+        expected.append(pool_e)
+    return chisquare(observed, expected, ddof=len(conds) - 1).pvalue
+
+
+def batch_teacher():
+    """Six tokens of three codes (729 sequences per class); window 4 leaves rows at different lengths, so a pass pads
+    short windows past the context (the ragged cache's scratch slot) while other rows still decode."""
+    return tiny_gpt_teacher(vocab=3, grid=(2, 3))
+
+
+@pytest.mark.parametrize("rule", [speculative_rule, exact_match_rule], ids=["sjd", "jacobi"])
+def test_batch_of_four_matches_each_rows_exact_distribution(rule):
+    config = sjd_config(window=4, init="repeat-left", cfg=1.5)
+    assert rows_p(batch_teacher(), BATCH_CONDS, config, rule) > ALPHA
+
+
+def test_a_rule_that_mixes_up_rows_is_detected_at_batch_four():
+    """The broken variant: each row's drafts are verified (and resampled) with the previous row's distributions."""
+    def mixed_up(P, drafts, qs, S, n_valid, generator):
+        return speculative_rule(P.roll(1, 0), drafts, qs, S, n_valid, generator)
+
+    config = sjd_config(window=4, init="repeat-left", cfg=1.5)
+    assert rows_p(batch_teacher(), BATCH_CONDS, config, mixed_up) < ALPHA
+
+
+def test_batch_greedy_jacobi_is_greedy_ar_row_by_row_with_each_rows_batch_one_counts():
+    teacher = tiny_gpt_teacher()
+    s = ar_token.SamplingConfig(cfg=2.0, greedy=True)
+    greedy = ar_token.sample_ar(teacher, BATCH_CONDS, s, generator=None).data  # (4, N), the batched AR sampler
+    for window in (2, 5, 12):
+        config = JacobiConfig(s, window=window, init="repeat-left")  # deterministic drafts: rows alone count the same
+        tokens, counts = jacobi_decode(teacher, BATCH_CONDS, config, torch.Generator().manual_seed(0),
+                                       exact_match_rule)
+        assert tokens.tolist() == greedy.tolist()
+        alone = [jacobi_decode(teacher, c[None], config, torch.Generator().manual_seed(0), exact_match_rule)[1]
+                 for c in BATCH_CONDS]
+        # nfe and the draft counters sum the rows' own (batch-1) counts; the batch runs as long as its slowest row
+        for key in ("nfe", "tokens", "drafts_verified", "drafts_accepted"):
+            assert counts[key] == sum(a[key] for a in alone), key
+        assert counts["batch_forwards"] == max(a["nfe"] for a in alone) <= counts["nfe"]
+    assert len({a["nfe"] for a in alone}) > 1  # rows finished at different passes and left the batch
+
+
+def test_window_one_at_batch_four_is_the_batched_ar_sampler():
+    teacher, s = TableAR(vocab=5, seq_len=6), ar_token.SamplingConfig(top_k=3, cfg=1.5)
+    cond = torch.zeros(4, 1, dtype=torch.long)
+    ar = ar_token.sample_ar(teacher, cond, s, generator=torch.Generator().manual_seed(7))
+    tokens, counts = jacobi_decode(teacher, cond, SJDConfig(s, window=1), torch.Generator().manual_seed(7),
+                                   speculative_rule)
+    assert tokens.tolist() == ar.data.tolist()
+    assert counts["nfe"] == 4 * teacher.seq_len and counts["batch_forwards"] == teacher.seq_len
+
+
+def test_a_teacher_without_a_ragged_cache_is_refused_at_batch_size_above_one():
+    from bench.errors import UserError
+    from methods.sjd import SJD
+
+    teacher = tiny_hf_lm_teacher(vocab=4, new_tokens=4)
+    method = SJD(teacher, sjd_config(window=3))
+    cond = teacher.conditions(2, torch.Generator().manual_seed(0))
+    with pytest.raises(UserError, match="batch_size 1"):
+        method.sample(cond, generator=torch.Generator().manual_seed(0))
+    assert method.sample(cond[:1], generator=torch.Generator().manual_seed(0)).data.shape == (1, 4)
