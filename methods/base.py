@@ -39,8 +39,8 @@ class Method:
     modalities: ClassVar[tuple[str, ...]] = ("image", "text")  # what its teachers may generate
     Config: ClassVar[type]
     key_knobs: ClassVar[tuple[str, ...]] = ()  # the knobs a results table shows for this method
-    # Decodes one sequence at a time (speculative / Jacobi decoding commit a different number of tokens per
-    # sequence); the runner refuses a larger batch rather than compare a sequential loop with a batched baseline.
+    # Decodes one sequence at a time (a loop that cannot keep rows at different lengths); the runner refuses a larger
+    # batch rather than compare a sequential loop with a batched baseline. `batch_refusal` for a per-teacher limit.
     batch_size_one: ClassVar[bool] = False
     # One of the five papers' methods: its runs at its default key knobs make the report's headline row.
     headline: ClassVar[bool] = False
@@ -64,6 +64,12 @@ class Method:
         `family` with `length` positions (tokens; a multi-scale teacher's scales): a dry run's cost plan. Every
         registered method declares it (the contract test checks)."""
         raise NotImplementedError(f"{cls.__name__} does not declare its passes")
+
+    @classmethod
+    def batch_refusal(cls, teacher_cls: type, batch_size: int) -> str | None:
+        """Why this method cannot sample batches of `batch_size` on a teacher of this class, in one line naming the
+        batch size to use, or None (SJD and Jacobi need a teacher with a ragged cache above batch size 1)."""
+        return None
 
     @classmethod
     def trains(cls, config: Any) -> bool:

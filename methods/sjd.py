@@ -125,17 +125,25 @@ class _Drafter:
         dists[r, pos] = F.one_hot(seq[r, pos], self.vocab).to(dists.dtype)
 
 
+def batch_refusal(teacher, batch_size: int) -> str | None:
+    """One line refusing a batch of more than one sequence on a teacher (class or instance) without a ragged cache:
+    its rows cannot hold different lengths."""
+    if batch_size == 1 or getattr(teacher, "ragged_cache", False):
+        return None
+    name = getattr(teacher, "name", None) or getattr(teacher, "__name__", type(teacher).__name__)
+    return (f"teacher {name!r} keeps one cache length for every row of a batch: decode it with SJD or Jacobi at "
+            f"batch_size 1, got {batch_size}")
+
+
 @torch.inference_mode()
 def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
     """Decode a batch of sequences (cond: (B, P)); returns tokens (B, N) and counters: `nfe` the passes each row went
     through, summed over rows (as B sequences decoded one by one would count), `batch_forwards` the passes of the
     batch, `tokens`, `drafts_verified` and `drafts_accepted` summed over rows."""
     B, N, V, s = len(cond), teacher.seq_len, teacher.vocab_size, c.sampling
+    if refusal := batch_refusal(teacher, B):
+        raise UserError(refusal)
     ragged = B > 1  # a lone row needs no per-row lengths
-    if ragged and not getattr(teacher, "ragged_cache", False):
-        name = getattr(teacher, "name", type(teacher).__name__)
-        raise UserError(f"teacher {name!r} keeps one cache length for every row of a batch: decode it with SJD or "
-                        f"Jacobi at batch_size 1, got {B}")
     greedy = s.greedy
     drafter = _Drafter(c.init, V, teacher.grid[-1], generator)
     state, logits = teacher.start(cond, cfg=s.cfg, ragged=True) if ragged else teacher.start(cond, cfg=s.cfg)
@@ -207,6 +215,10 @@ class SJD(Method):
     Config = SJDConfig
     key_knobs = ("window", "init")
     rule = staticmethod(speculative_rule)
+
+    @classmethod
+    def batch_refusal(cls, teacher_cls: type, batch_size: int) -> str | None:
+        return batch_refusal(teacher_cls, batch_size)
 
     @classmethod
     def passes(cls, config: SJDConfig, family, length: int) -> dict[str, Passes]:
