@@ -1,5 +1,7 @@
 """SJD / Jacobi correctness (SJD, arXiv:2410.01699): exactness against enumerable models, on image tokens and on
-text (our GPT's KV cache and a Hugging Face Llama's `DynamicCache`, both rolled back), equivalences, KV rollback."""
+text (our GPT's KV cache and a Hugging Face Llama's `DynamicCache`, both rolled back), equivalences, KV rollback; and
+batches of four (per-row exactness, a row-mixing rule detected, greedy rows and counters as at batch size 1, the
+ragged cache)."""
 import itertools
 import math
 from collections import Counter
@@ -303,3 +305,37 @@ def test_a_teacher_without_a_ragged_cache_is_refused_at_batch_size_above_one():
     with pytest.raises(UserError, match="batch_size 1"):
         method.sample(cond, generator=torch.Generator().manual_seed(0))
     assert method.sample(cond[:1], generator=torch.Generator().manual_seed(0)).data.shape == (1, 4)
+
+
+@pytest.mark.parametrize("make", [tiny_gpt_teacher, tiny_text_gpt_teacher], ids=["image-cfg", "text"])
+def test_ragged_rollback_and_select_equal_full_recompute(make):
+    """The ragged state under SJD's use: per-row windows padded to one length (past the context near the end), per-row
+    rollbacks and finished rows dropped; every real input's logits equal a full recompute of its row."""
+    teacher = make()
+    model, text = teacher.network, teacher.modality == "text"
+    cfg = 1.0 if text else 2.5
+    cond = teacher.conditions(4, torch.Generator().manual_seed(0)) if text else BATCH_CONDS
+    prefix = torch.zeros(4, 1, dtype=torch.long) if text else cond  # the network's condition: the BOS for text
+    g = torch.Generator().manual_seed(0)
+    state, _ = teacher.start(cond, cfg=cfg, ragged=True)
+    N, rows, committed = teacher.seq_len, torch.arange(4), [[] for _ in range(4)]
+    while len(rows):
+        L = int(torch.randint(1, 7, (1,), generator=g))
+        tokens = torch.randint(teacher.vocab_size, (len(rows), L), generator=g)
+        cached = teacher.extend(state, tokens)  # (M, L, V)
+        for m, b in enumerate(rows.tolist()):
+            n = len(committed[b])
+            real = min(L, N - 1 - n)  # inputs whose next token is in the sequence; the rest pad the window
+            full = torch.zeros(1, N, dtype=torch.long)
+            full[0, : n + real] = torch.tensor(committed[b] + tokens[m, :real].tolist())
+            with torch.no_grad():
+                both = model(torch.cat([prefix[b : b + 1], torch.zeros_like(prefix[b : b + 1])]), full.expand(2, -1))
+            recompute = both[:1] if cfg == 1.0 else both[1:] + cfg * (both[:1] - both[1:])
+            torch.testing.assert_close(cached[m, :real], recompute[0, n + 1 : n + 1 + real], atol=1e-4, rtol=1e-4)
+            committed[b] += tokens[m, : int(torch.randint(1, real + 1, (1,), generator=g))].tolist()
+        lengths = torch.tensor([len(committed[b]) for b in rows.tolist()])
+        teacher.rollback(state, lengths)
+        assert state.length.tolist() == lengths.tolist()
+        live = (lengths < N - 1).nonzero().squeeze(1)
+        teacher.select(state, live)
+        rows = rows[live]
