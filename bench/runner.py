@@ -11,29 +11,29 @@ runs reported to the tracker, as one MLflow run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import statistics
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
-from bench import files
+from bench import distributed, files, precision
 from bench.budget import budget
 from bench.cache import Cache
 from bench.config import build_config, config_dict, knobs
-from bench.envinfo import environment_tags, resolve_device
+from bench.envinfo import environment_tags, git_sha, resolve_device
 from bench.errors import UserError
 from bench.paper import paper_tags
 from bench.registry import METHODS, METRICS, TEACHERS
+from bench.rng import batch_seed
 from bench.samples import Samples
-from bench.spool import Spool
+from bench.spool import ArmSpool, Batch, TrialSpool
 from bench.timing import latency_stats, stopwatch
-from bench.tracking import RunLog, Tracker
+from bench.tracking import NullTracker, RunLog, Tracker
 from bench.training import progress_bars, threads, training_reports
 from bench.trial import Trial
 from methods.base import OwnSampler
@@ -164,9 +164,10 @@ def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
 
 @dataclass
 class ArmResult:
-    spool: Spool  # the samples and their conditions, on disk
+    spool: ArmSpool  # the samples and their conditions, on disk
     batch_seconds: list[float]
     batch_sizes: list[int]
+    ranks: list[int]  # the rank that draws each batch
     counters: Counter
     compression: list[float]  # tokens per forward pass of each batch (per image at batch size 1)
 
@@ -175,28 +176,56 @@ def _batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device, folder: Path):
-    gens = {name: torch.Generator(device).manual_seed(trial.seed) for name in arms}
-    warm = torch.Generator(device).manual_seed(trial.seed + 1_000_003)
-    for _ in range(opts.warmup):
-        for method in arms.values():
-            method.sample(conds[: trial.batch_size], generator=warm)
-    results = {name: ArmResult(Spool(folder / name), [], [], Counter(), []) for name in arms}
-    for sl in tqdm(_batches(trial.n_samples, trial.batch_size), desc="sampling", unit="batch",
-                   disable=not opts.progress, leave=False):
+def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device,
+                 spool: TrialSpool, world: distributed.World) -> tuple[dict[str, ArmResult] | None, dict[str, float]]:
+    """Draw the batches this rank owns (batch i: rank i mod world size) that the spool lacks, each arm's batches
+    interleaved and timed, each batch spooled as it is drawn; then, on rank 0, every batch of every arm read back.
+    Returns (the arms' results, or None on other ranks; the warm-up seconds per arm: with `compile`, compilation)."""
+    batches = _batches(trial.n_samples, trial.batch_size)
+    spools = {name: spool.arm(name) for name in arms}
+    todo = [i for i in range(world.rank, len(batches), world.size)
+            if not all(spools[name].has(i) for name in arms)]
+    warmup: dict[str, float] = {}
+    if todo:
+        warm = torch.Generator(device).manual_seed(trial.seed + 1_000_003)
         for name, method in arms.items():
-            r = results[name]
-            with stopwatch(device, r.batch_seconds):
-                out: Samples = method.sample(conds[sl], generator=gens[name])
-            r.spool.append(out.data, out.cond)
+            seconds: list[float] = []
+            with stopwatch(device, seconds):
+                for _ in range(opts.warmup):
+                    with precision.autocast(device, trial.dtype):
+                        method.sample(conds[: trial.batch_size], generator=warm)
+            warmup[name] = seconds[0]
+    for i in tqdm(todo, desc="sampling", unit="batch", disable=not opts.progress, leave=False):
+        sl = batches[i]
+        for name, method in arms.items():
+            if spools[name].has(i):  # drawn before a kill, for this arm only
+                continue
+            seconds = []
+            generator = torch.Generator(device).manual_seed(batch_seed(trial.seed, i))
+            with stopwatch(device, seconds), precision.autocast(device, trial.dtype):
+                out: Samples = method.sample(conds[sl], generator=generator)
+            spools[name].write(i, Batch(out.data, out.cond, out.counters, seconds[0]))
+    world.barrier()
+    if not world.main:
+        return None, warmup
+    results = {}
+    for name in arms:
+        r = results[name] = ArmResult(spools[name], [], [], [], Counter(), [])
+        for i, sl in enumerate(batches):
+            if not spools[name].has(i):
+                raise UserError(f"rank 0 cannot see batch {i} of arm {name!r} in {spool.folder}: every rank must "
+                                f"share the cache folder (--cache-dir on a file system all nodes mount)")
+            b = spools[name].read(i)
+            r.batch_seconds.append(b.seconds)
             r.batch_sizes.append(sl.stop - sl.start)
-            r.counters.update(out.counters)
-            r.compression.append(out.counters["tokens"] / out.counters["nfe"])
-    return results
+            r.ranks.append(i % world.size)
+            r.counters.update(b.counters)
+            r.compression.append(b.counters["tokens"] / b.counters["nfe"])
+    return results, warmup
 
 
 def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
-    m = latency_stats(r.batch_seconds, r.batch_sizes)
+    m = latency_stats(r.batch_seconds, r.batch_sizes, r.ranks)
     m["nfe_per_sample"] = r.counters["nfe"] / n
     m["step_compression"] = sum(r.compression) / len(r.compression)
     if r.counters["drafts_verified"]:
@@ -209,14 +238,18 @@ def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
 SCORE_CHUNK = 256  # samples decoded and fed to the metrics at a time
 
 
-def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) -> tuple[dict[str, float], str, bytes]:
-    """Every metric's values on an arm's samples, read back from the spool a chunk at a time, and a look at them (an
-    8x8 grid of the first images, or every text, blank-line separated). A stochastic metric is computed with seeds
+def _score_arm(r: ArmResult, teacher, scorers: list, repeats: int,
+               name: str) -> tuple[dict[str, float], str, bytes, str]:
+    """Every metric's values on an arm's samples, read back from the spool a chunk at a time, a look at them (an 8x8
+    grid of the first images, or every text, blank-line separated) and the sha256 of the samples and conditions in
+    order (two runs drew the same samples iff they match). A stochastic metric is computed with seeds
     0..repeats-1: mean, and "<key>.seed_std"."""
     for metric in scorers:
         metric.reset()  # one metric object scores every arm against the same reference side
-    grid, texts = None, []
-    for data, cond in spool.chunks(SCORE_CHUNK):
+    grid, texts, digest = None, [], hashlib.sha256()
+    for data, cond in r.spool.chunks(len(r.batch_sizes), SCORE_CHUNK):
+        for tensor in (data, cond):  # bytes whatever the dtype (numpy has no bfloat16)
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         decoded = teacher.decode(data)  # a (B, C, H, W) image batch, or B strings
         for metric in scorers:
             metric.update(decoded, cond)
@@ -234,18 +267,18 @@ def _score_arm(spool: Spool, teacher, scorers: list, repeats: int, name: str) ->
         values.update({f"{k}.seed_std": statistics.stdev(v[k] for v in runs)
                        for k in runs[0] if not k.endswith(SPREAD_SUFFIXES)})
     if texts:
-        return values, f"{name}.txt", "\n\n".join(texts).encode()
+        return values, f"{name}.txt", "\n\n".join(texts).encode(), digest.hexdigest()
     from torchvision.utils import save_image
 
     buf = io.BytesIO()
     big = torch.nn.functional.interpolate(grid, scale_factor=4, mode="nearest")
     save_image(big, buf, nrow=8, format="png", padding=2, pad_value=0.5)
-    return values, f"{name}.png", buf.getvalue()
+    return values, f"{name}.png", buf.getvalue(), digest.hexdigest()
 
 
 @dataclass
 class Context:
-    """What a trial's body gets: the plan, the loaded teacher, the fitted method, the open run."""
+    """What a trial's body gets: the plan, the loaded teacher, the fitted method, the open run, this rank's device."""
 
     plan: Plan
     teacher: Any
@@ -253,6 +286,7 @@ class Context:
     fit_info: dict[str, float]
     cache: Cache
     log: RunLog
+    device: torch.device
 
 
 def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, name: str, cache: Cache,
@@ -261,18 +295,28 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
     """The shared path of every evaluation of a plan: budgets, progress switch, training runs reported to the
     tracker, the teacher loaded, one MLflow run (tagged `accelbench.kind` = `kind`) with the trial's params, the
     method built and fitted, then `body`, whose metrics are logged. `on_start` receives the run id as soon as the run
-    exists, so a caller can find the run of a trial that never returns."""
-    t = p.trial
-    with budget(opts.time_budget, opts.memory_budget), progress_bars(opts.progress), \
+    exists, so a caller can find the run of a trial that never returns.
+
+    In a data-parallel trial (`bench.distributed`) every rank runs this; rank 0 alone logs, and it loads the teacher
+    and fits the method first while the other ranks wait, so whatever is trained is trained once, by rank 0, into the
+    shared cache, and the others load it from there."""
+    t, world = p.trial, distributed.world()
+    device = world.device(p.device)
+    if not world.main:
+        tracker = NullTracker()
+    with budget(opts.time_budget, opts.memory_budget), progress_bars(opts.progress and world.main), \
             training_reports(tracker.log_training):
-        teacher = load_teacher(t.teacher, cache=cache, device=p.device)
+        if not world.main:
+            world.barrier()  # until rank 0 has the teacher and the method's training in the cache
+        teacher = load_teacher(t.teacher, cache=cache, device=device)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
         # on 1, the tiny samplers no faster.
         training_threads = torch.get_num_threads()
         with threads(opts.threads), tracker.run(name, {
                 "accelbench.kind": kind, "trial_key": t.key(), "teacher_key": str(p.teacher_cls.key()),
-                "family": str(p.teacher_cls.family), **environment_tags(p.device), **(tags or {})}) as log:
+                "family": str(p.teacher_cls.family), **environment_tags(device),
+                "precision": precision.describe(device, t.dtype, t.tf32, t.compile), **(tags or {})}) as log:
             if on_start is not None:
                 on_start(log.run_id)
             # Knobs under their own names, so that the MLflow UI filters them as `params.window = '16'`; trial fields
@@ -281,24 +325,40 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
             params.update(t.params)
             params.update({f"ref.{k}": v for k, v in config_dict(p.sampling).items()})
             params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
-                           "threads": opts.threads})
+                           "threads": opts.threads, "world_size": world.size})
             log.log(params=params, tags={"accelbench.knobs": ",".join(sorted(t.params))})
             if hasattr(p.teacher_cls, "evaluation_data"):
                 log.log_dataset(*p.teacher_cls.evaluation_data())
             method = p.method_cls(teacher, p.config)
             with threads(training_threads):
                 fit_info = method.fit(cache=cache)
-            metrics = body(Context(p, teacher, method, fit_info, cache, log))
+            if world.main:
+                world.barrier()  # the other ranks may load and fit now: from the cache
+            with precision.tf32(device, t.tf32):
+                metrics = body(Context(p, teacher, method, fit_info, cache, log, device))
             log.log(metrics=metrics)
     return metrics
 
 
 def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
               tags: dict[str, str] | None = None, on_start: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Run one planned trial and log it as one MLflow run; returns the logged metrics. `tags` are added to the run
-    (a sweep's parent run id, study and trial number)."""
-    return execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
-                   tracker=tracker, opts=opts, tags={**paper_tags(p.paper), **(tags or {})}, on_start=on_start)
+    """Run one planned trial and log it as one MLflow run; returns the logged metrics (on rank 0; other ranks of a
+    data-parallel trial return {}). `tags` are added to the run (a sweep's parent run id, study and trial number).
+
+    A run of this trial left RUNNING by a killed process is ended KILLED first, and the new run resumes from the
+    trial's spooled samples (tags `resumed_from`: samples already drawn, `resumed_run`: the killed runs)."""
+    world = distributed.world()
+    tags = {**paper_tags(p.paper), **(tags or {})}
+    if world.main:
+        ended = [run_id for run_id, line in tracker.end_orphans(f"tags.trial_key = '{p.trial.key()}'",
+                                                                [tracker.experiment_id]) if "KILLED" in line]
+        if ended:
+            tags["resumed_run"] = ",".join(ended)
+    metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
+                      tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+    if world.main:  # logged: the spooled samples have served
+        TrialSpool(cache.root, p.trial, git_sha()).remove()
+    return metrics
 
 
 def run_name(p: Plan) -> str:
@@ -308,24 +368,42 @@ def run_name(p: Plan) -> str:
     return f"{t.method}[{shown}] {t.teacher} s{t.seed}" if shown else f"{t.method} {t.teacher} s{t.seed}"
 
 
+def _open_spool(cache: Cache, t: Trial, arms: list[str], world: distributed.World) -> tuple[TrialSpool, int]:
+    """The trial's spool, and how many samples every arm of it already holds (0 unless the trial resumes). Rank 0
+    opens it first (discarding a spool of another code version) and counts before any rank draws."""
+    spool, spooled = None, 0
+    if world.main:
+        spool = TrialSpool(cache.root, t, git_sha())
+        spooled = sum(sl.stop - sl.start for i, sl in enumerate(_batches(t.n_samples, t.batch_size))
+                      if all(spool.arm(a).has(i) for a in arms))
+    world.barrier()
+    return spool or TrialSpool(cache.root, t, git_sha()), spooled
+
+
 def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
-    p, t, teacher, method = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method
+    p, t, teacher, method, device = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method, ctx.device
+    world = distributed.world()
     arms = {"method": method, "ref": OwnSampler(teacher, p.sampling),
-            **method.extra_arms(cache=ctx.cache, device=p.device)}
-    conds = teacher.conditions(t.n_samples, torch.Generator(p.device).manual_seed(t.seed)).to(p.device)
+            **method.extra_arms(cache=ctx.cache, device=device)}
+    conds = teacher.conditions(t.n_samples, torch.Generator(device).manual_seed(t.seed)).to(device)
+    spool, spooled = _open_spool(ctx.cache, t, list(arms), world)
+    with precision.compiled(t.compile, *arms.values()):
+        results, warmup = _sample_arms(arms, conds, t, opts, device, spool, world)
+    if results is None:  # not rank 0: its batches are in the spool
+        return {}
     metrics = {f"fit/{k}": v for k, v in ctx.fit_info.items()}
-    scorers = [m.cls(teacher, cache=ctx.cache, device=p.device, extractor=m.extractor)
+    if t.compile:  # the warm-up calls compile; the timed batches do not include it
+        metrics.update({("" if name == "method" else f"{name}/") + "compile_seconds": v for name, v in warmup.items()})
+    scorers = [m.cls(teacher, cache=ctx.cache, device=device, extractor=m.extractor)
                for m in p.metrics if m.unavailable is None]
-    artifacts = {}
-    with tempfile.TemporaryDirectory(prefix="accelbench-samples-") as folder:
-        results = _sample_arms(arms, conds, t, opts, p.device, Path(folder))
-        for name, r in results.items():
-            prefix = "" if name == "method" else f"{name}/"
-            arm = _arm_metrics(r, t.n_samples)
-            values, file_name, content = _score_arm(r.spool, arms[name].teacher, scorers, t.metric_repeats,
-                                                    "samples" if name == "method" else f"{name}_samples")
-            metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
-            artifacts[file_name] = content
+    artifacts, hashes = {}, {}
+    for name, r in results.items():
+        prefix = "" if name == "method" else f"{name}/"
+        arm = _arm_metrics(r, t.n_samples)
+        values, file_name, content, hashes[f"samples_sha256.{name}"] = _score_arm(
+            r, arms[name].teacher, scorers, t.metric_repeats, "samples" if name == "method" else f"{name}_samples")
+        metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
+        artifacts[file_name] = content
     metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
     metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
     defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
@@ -339,6 +417,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
            for m in p.metrics for k in metrics
            if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
         **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable},
-        **{f"caveat.{k}": v for k, v in method.caveats().items()}})
+        **{f"caveat.{k}": v for k, v in method.caveats().items()},
+        **hashes, **({"resumed_from": str(spooled)} if spooled else {})})
     ctx.log.log_files({**artifacts, "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -1,37 +1,125 @@
-"""An arm's samples, spooled to disk batch by batch, so a trial's memory does not grow with n_samples.
+"""A trial's samples on disk, one file per (arm, batch index), kept until the trial's run is logged: the trial resumes
+from them when it is started again after a kill, and rank 0 scores the batches every rank wrote.
 
-The runner writes each sampled batch as it comes (outside the timed region) and reads the spool back in chunks of a
-bounded size to score it: memory holds one chunk, whatever the number of samples.
+`<cache root>/.spool/<trial key>/` holds `trial.yaml` (what to rerun), `meta.json` (the code version that drew the
+samples: a spool of another version is discarded, never mixed in) and `<arm>/<batch index>.pt`: the batch's samples
+and conditions, its counters and its wall time as measured when it was drawn. A batch file is written to a temp file
+and renamed into place, so a process killed at any point leaves whole batches only. Memory holds one chunk while
+scoring, whatever the number of samples.
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
+
+SPOOL_DIR = ".spool"
 
 
-class Spool:
+@dataclass
+class Batch:
+    data: torch.Tensor  # the method's samples (B, ...), on the CPU
+    cond: torch.Tensor  # their conditions (B, ...)
+    counters: Counter  # the method's counters over the batch ("nfe", "tokens", ...)
+    seconds: float  # wall time of the sampler call that drew it
+
+
+class ArmSpool:
+    """One arm's batches, by index."""
+
     def __init__(self, folder: Path):
-        folder.mkdir(parents=True)
-        self.folder, self.batches, self.n = folder, 0, 0
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
 
-    def append(self, data: torch.Tensor, cond: torch.Tensor) -> None:
-        torch.save((data.cpu(), cond.cpu()), self.folder / f"{self.batches:07d}.pt")
-        self.batches += 1
-        self.n += len(data)
+    def _path(self, i: int) -> Path:
+        return self.folder / f"{i:07d}.pt"
 
-    def chunks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(samples, conditions) in sampling order, `size` at a time (the last chunk may be smaller)."""
+    def has(self, i: int) -> bool:
+        return self._path(i).is_file()
+
+    def write(self, i: int, batch: Batch) -> None:
+        tmp = self.folder / f".{i:07d}.{os.getpid()}.tmp"
+        torch.save({"data": batch.data.cpu(), "cond": batch.cond.cpu(), "counters": dict(batch.counters),
+                    "seconds": batch.seconds}, tmp)
+        os.replace(tmp, self._path(i))
+
+    def read(self, i: int) -> Batch:
+        d = torch.load(self._path(i))
+        return Batch(d["data"], d["cond"], Counter(d["counters"]), d["seconds"])
+
+    def chunks(self, n_batches: int, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(samples, conditions) of batches 0..n_batches-1 in order, `size` at a time (the last chunk may be
+        smaller)."""
         data, cond, held = [], [], 0
-        for i in range(self.batches):
-            d, c = torch.load(self.folder / f"{i:07d}.pt")
-            data.append(d)
-            cond.append(c)
-            held += len(d)
+        for i in range(n_batches):
+            b = self.read(i)
+            data.append(b.data)
+            cond.append(b.cond)
+            held += len(b.data)
             while held >= size:
                 d, c = torch.cat(data), torch.cat(cond)
                 yield d[:size], c[:size]
                 data, cond, held = [d[size:]], [c[size:]], held - size
         if held:
             yield torch.cat(data), torch.cat(cond)
+
+
+class TrialSpool:
+    """The spool of one trial (by its key), for the code version `version`: arms are `ArmSpool`s."""
+
+    def __init__(self, root: Path, trial, version: str):
+        self.folder = root / SPOOL_DIR / trial.key()
+        meta = {"version": version, "trial_key": trial.key()}
+        meta_path = self.folder / "meta.json"
+        if meta_path.is_file() and _read_json(meta_path) != meta:
+            print(f"accelbench: the spooled samples in {self.folder} were drawn by another code version; starting "
+                  f"the trial over", file=sys.stderr)
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not meta_path.is_file():
+            (self.folder / "trial.yaml").write_text(trial.to_yaml())
+            _write_json(meta_path, meta)
+
+    def arm(self, name: str) -> ArmSpool:
+        return ArmSpool(self.folder / name)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def resumable(root: Path) -> list[str]:
+    """One line per trial with spooled samples under the cache `root` (a trial that was killed, or is running now)."""
+    lines = []
+    for folder in sorted((root / SPOOL_DIR).glob("*/")):
+        arms = sorted(p for p in folder.iterdir() if p.is_dir())
+        counts = {a.name: sum(1 for _ in a.glob("*.pt")) for a in arms}
+        try:
+            t = yaml.safe_load((folder / "trial.yaml").read_text())
+            what = f"{t['method']} on {t['teacher']}, seed {t['seed']}, {t['n_samples']} samples in batches of " \
+                   f"{t['batch_size']}"
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            what = "its trial.yaml is unreadable"
+        lines.append(f"trial {folder.name} ({what}): batches spooled per arm {counts}; rerun the same command to "
+                     f"resume it")
+    return lines

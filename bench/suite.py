@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from bench import distributed
 from bench.cache import Cache
 from bench.config import check_seeds, knobs, read_yaml_mapping
 from bench.errors import UserError
@@ -38,10 +39,12 @@ def _overridden(entry: dict[str, Any], overrides: dict[str, Any], used: set[str]
     return {**entry, "params": {**entry.get("params", {}), **mine}} if mine else entry
 
 
-def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, Any] | None = None) -> Suite:
+def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, Any] | None = None,
+               numerics: dict[str, Any] | None = None) -> Suite:
     """Parse and validate every trial of the file before anything runs. `n_samples` replaces every trial's sample
-    count and `overrides` sets knobs in every trial whose method has them (a quick pass over a paper suite, e.g. with
-    a few training steps; the trial keys change with them)."""
+    count, `overrides` sets knobs in every trial whose method has them (a quick pass over a paper suite, e.g. with
+    a few training steps) and `numerics` the trial fields dtype, tf32 and compile of every trial; the trial keys
+    change with them."""
     data = read_yaml_mapping(path, "suite file", SUITE_FIELDS)
     experiment = data.get("experiment")
     if not isinstance(experiment, str) or not experiment:
@@ -63,6 +66,7 @@ def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, 
             merged: dict[str, Any] = _overridden({**defaults, **entry, "seed": seed}, overrides or {}, used)
             if n_samples is not None:
                 merged["n_samples"] = n_samples
+            merged.update(numerics or {})
             try:
                 plans.append(plan(Trial.from_mapping(merged), paper=paper))
             except UserError as exc:
@@ -80,9 +84,11 @@ def finished_keys(tracker: Tracker) -> set[str]:
 
 
 def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions, force: bool = False) -> tuple[int, int]:
-    """Run every trial that has no finished run in the experiment yet; returns (ran, skipped)."""
-    done = set() if force else finished_keys(tracker)
+    """Run every trial that has no finished run in the experiment yet; returns (ran, skipped). Under torchrun every
+    rank runs the same trials, in rank 0's order (`bench.distributed`)."""
+    world = distributed.world()
+    done = world.broadcast(set() if force or not world.main else finished_keys(tracker))
     todo = [p for p in suite.plans if p.trial.key() not in done]
-    for p in tqdm(todo, desc=f"suite {suite.experiment}", unit="trial", disable=not opts.progress):
+    for p in tqdm(todo, desc=f"suite {suite.experiment}", unit="trial", disable=not opts.progress or not world.main):
         run_trial(p, cache=cache, tracker=tracker, opts=opts)
     return len(todo), len(suite.plans) - len(todo)

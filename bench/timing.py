@@ -42,13 +42,23 @@ def median_seconds(fn, repeats: int, device: torch.device) -> float:
     return float(np.median(times))
 
 
-def latency_stats(batch_seconds: list[float], batch_sizes: list[int]) -> dict[str, float]:
+def latency_stats(batch_seconds: list[float], batch_sizes: list[int], ranks: list[int] | None = None) -> dict[str, float]:
+    """An arm's speed from its batches' wall times. With several ranks (`ranks[i]` drew batch i, in parallel with the
+    others): the per-sample and per-batch medians are the median of each rank's own median, the throughput is the
+    ranks' throughputs summed (`samples_per_sec`) and each rank's (`samples_per_sec_rank<r>`); p90s pool every batch."""
     t = np.asarray(batch_seconds, dtype=np.float64)
-    per_sample = t / np.asarray(batch_sizes, dtype=np.float64)  # the last batch may be smaller
-    return {
-        "sec_per_batch_median": float(np.median(t)),
+    sizes = np.asarray(batch_sizes, dtype=np.float64)
+    per_sample = t / sizes  # the last batch may be smaller
+    owner = np.zeros(len(t), dtype=np.int64) if ranks is None else np.asarray(ranks)
+    by_rank = {int(r): owner == r for r in np.unique(owner)}
+    throughput = {r: float(sizes[m].sum() / t[m].sum()) for r, m in by_rank.items()}
+    stats = {
+        "sec_per_batch_median": float(np.median([np.median(t[m]) for m in by_rank.values()])),
         "sec_per_batch_p90": float(np.percentile(t, 90)),
-        "sec_per_sample_median": float(np.median(per_sample)),
+        "sec_per_sample_median": float(np.median([np.median(per_sample[m]) for m in by_rank.values()])),
         "sec_per_sample_p90": float(np.percentile(per_sample, 90)),
-        "samples_per_sec": float(sum(batch_sizes) / t.sum()),
+        "samples_per_sec": sum(throughput.values()),
     }
+    if len(by_rank) > 1:
+        stats.update({f"samples_per_sec_rank{r}": v for r, v in throughput.items()})
+    return stats

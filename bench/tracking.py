@@ -31,6 +31,7 @@ Filter e.g. `params.method = 'sjd' and params.window = '16'`; the dataset each r
 TRAINING_NOTE = """Trainings of teachers, companion models and feature extractors triggered by AccelBench trials: one run each, with the recipe as params and the training figures (losses, test scores, seconds) as metrics; the `cache_key` tag names the cache entry it produced."""
 
 
+ORPHAN_TAG = "accelbench.doctor"  # why a RUNNING run was ended KILLED after its process was gone
 DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "mysql": 3306}
 CONNECT_TIMEOUT = 3.0  # seconds; the clients' own retries take minutes against a server that is down
 
@@ -140,6 +141,40 @@ class Tracker:
             raise
         self.client.set_terminated(run.info.run_id, "FINISHED")
 
+    def end_orphans(self, where: str = "", experiments: list[str] | None = None) -> list[tuple[str, str]]:
+        """End KILLED every RUNNING run (of `experiments`, default all; matching the filter `where`) whose owner on
+        this host is gone (SIGKILL leaves a run RUNNING); returns (run id, one line) per RUNNING run ended or left
+        alone because it cannot be checked from here."""
+        if experiments is None:
+            experiments = [e.experiment_id for e in self.client.search_experiments()]
+        if not experiments:
+            return []
+        query = "attributes.status = 'RUNNING'" + (f" and {where}" if where else "")
+        found, page = [], None
+        while True:
+            runs = self.client.search_runs(experiments, query, max_results=1000, page_token=page)
+            for run in runs:
+                tags = run.data.tags
+                host, pid = tags.get("accelbench.host"), tags.get("accelbench.pid", "")
+                name = f"run {run.info.run_id} ({run.info.run_name}, experiment {run.info.experiment_id})"
+                if host is None or not pid.isdigit():
+                    found.append((run.info.run_id, f"{name}: RUNNING without owner tags; cannot tell whether it is "
+                                                   f"alive"))
+                    continue
+                started = tags.get("accelbench.pid_started")
+                alive = owner_alive(host, int(pid), float(started) if started else None)
+                if alive is None:
+                    found.append((run.info.run_id, f"{name}: RUNNING on {host} (pid {pid}); run the doctor on that "
+                                                   f"host to check it"))
+                elif not alive:
+                    self.client.set_tag(run.info.run_id, ORPHAN_TAG, f"orphaned: process {pid} on {host} is gone")
+                    self.client.set_terminated(run.info.run_id, "KILLED")
+                    found.append((run.info.run_id, f"{name}: orphaned (process {pid} on {host} is gone): marked "
+                                                   f"KILLED"))
+            page = runs.token
+            if not page:
+                return found
+
     def log_training(self, name: str, key: str, params: dict[str, Any], info: dict[str, float]) -> None:
         """A teacher (or student) training is a run of its own, in the training experiment."""
         with self.run(f"train:{name}", {"accelbench.kind": "training", "cache_key": key},
@@ -180,3 +215,27 @@ class RunLog:
             for name, data in files.items():
                 (Path(tmp) / name).write_bytes(data)
             self.client.log_artifacts(self.run_id, tmp)
+
+
+class NullTracker:
+    """What a rank other than 0 of a data-parallel trial logs to: nothing (rank 0 logs the trial's one run)."""
+
+    @contextmanager
+    def run(self, name: str, tags: dict[str, str], experiment: str | None = None) -> Iterator["NullLog"]:
+        yield NullLog()
+
+    def log_training(self, name: str, key: str, params: dict[str, Any], info: dict[str, float]) -> None:
+        pass
+
+
+class NullLog:
+    run_id = ""
+
+    def log(self, **kwargs) -> None:
+        pass
+
+    def log_dataset(self, name: str, source: dict[str, Any]) -> None:
+        pass
+
+    def log_files(self, files: dict[str, bytes]) -> None:
+        pass

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from bench.config import read_yaml_mapping
 from bench.errors import UserError
+from bench.precision import DTYPES
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class Trial:
     seed: int = 0
     device: str = "auto"
     metric_repeats: int = 1  # seeds over which stochastic metrics (KID subsets, IS splits) are repeated
+    # The arms' numerics (`bench.precision`): they change the samples, so they are part of the trial.
+    dtype: str = "fp32"  # fp32, bf16 or fp16 (autocast)
+    tf32: bool = False  # TF32 matmuls on CUDA
+    compile: bool = False  # torch.compile the networks' blocks
 
     def __post_init__(self):
         for name in ("n_samples", "batch_size", "metric_repeats"):
@@ -30,6 +35,11 @@ class Trial:
                 raise UserError(f"trial: {name} must be a positive integer, got {value!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UserError(f"trial: seed must be a non-negative integer, got {self.seed!r}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"trial: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("tf32", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"trial: {name} must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "params", dict(self.params))
         object.__setattr__(self, "metrics", tuple(self.metrics))
 

@@ -20,6 +20,12 @@ from bench.errors import UserError
 from metrics.features import check_choice, embed, has_reference_batch, load_extractor, reference_features
 
 
+# Keyword arguments of every torchmetrics metric we wrap: it computes on the samples this process holds. In a
+# data-parallel trial rank 0 alone scores, holding every sample (`bench.distributed`); torchmetrics' default would
+# wait for the other ranks' states at `compute`.
+TORCHMETRICS_LOCAL = {"sync_on_compute": False}
+
+
 class Metric:
     name: ClassVar[str]  # registry name, e.g. "fid"
     higher_is_better: ClassVar[bool]

@@ -19,7 +19,7 @@ from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScor
 
 from bench.cache import Cache
 from bench.errors import UserError
-from metrics.base import Metric
+from metrics.base import TORCHMETRICS_LOCAL, Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip
 
 CHECKPOINT_ENV = "ACCELBENCH_CLIP_CHECKPOINT"
@@ -89,7 +89,7 @@ class CLIPScore(Metric):
             self.clip = load_open_clip(extractor, self._checkpoint(extractor), device=device)
         self.extractor = self.clip.name
         adapters = HFModelAdapter(self.clip), HFProcessorAdapter(self.clip)
-        self._score = TorchmetricsCLIPScore(model_name_or_path=lambda: adapters).to(device)
+        self._score = TorchmetricsCLIPScore(model_name_or_path=lambda: adapters, **TORCHMETRICS_LOCAL).to(device)
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
         captions = self.teacher.captions(cond)

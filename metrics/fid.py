@@ -18,7 +18,7 @@ import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
 from bench.cache import Cache, checkpoint_dir
-from metrics.base import ImageFeatureMetric
+from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features
 
 
@@ -37,7 +37,8 @@ class FID(ImageFeatureMetric):
                 self._stats = {"mu": f["mu"].astype(np.float64), "sigma": f["sigma"].astype(np.float64)}
             return
         # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.
-        self._fid = FrechetInceptionDistance(feature=Features(self.model.num_features), reset_real_features=False)
+        self._fid = FrechetInceptionDistance(feature=Features(self.model.num_features), reset_real_features=False,
+                                             **TORCHMETRICS_LOCAL)
         self._fid.update(self.reference, real=True)
 
     def compute(self, seed: int = 0) -> dict[str, float]:

@@ -13,7 +13,7 @@ import warnings
 from torchmetrics.image.inception import InceptionScore as TorchmetricsInceptionScore
 
 from bench.rng import seeded
-from metrics.base import ImageFeatureMetric
+from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features
 
 
@@ -34,7 +34,8 @@ class InceptionScore(ImageFeatureMetric):
         # torchmetrics fixes `splits` at construction, so the metric is built here, once the image count is known.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer")  # we know
-            score = TorchmetricsInceptionScore(feature=Features(self.model.num_classes), splits=splits)
+            score = TorchmetricsInceptionScore(feature=Features(self.model.num_classes), splits=splits,
+                                               **TORCHMETRICS_LOCAL)
         score.update(logits)
         with seeded(seed), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="std\\(\\): degrees of freedom")  # one split has no spread

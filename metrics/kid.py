@@ -12,7 +12,7 @@ import warnings
 from torchmetrics.image.kid import KernelInceptionDistance
 
 from bench.rng import seeded
-from metrics.base import ImageFeatureMetric
+from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features
 
 
@@ -35,7 +35,7 @@ class KID(ImageFeatureMetric):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*will save all extracted features in buffer")  # we know
             kid = KernelInceptionDistance(feature=Features(self.model.num_features), subsets=self.subsets,
-                                          subset_size=size)
+                                          subset_size=size, **TORCHMETRICS_LOCAL)
         kid.update(real, real=True)
         kid.update(fake, real=False)
         with seeded(seed):

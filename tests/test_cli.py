@@ -221,7 +221,6 @@ class OtherFamilyMethod(AR):
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=0"], "window must be >= 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "init=diagonal"], "'init' must be one of random"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "0"], "n_samples must be a positive integer"),
-    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--batch-size", "4"], "batch_size must be 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window"], "--param expects KEY=VALUE"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--threads", "0"], "--threads >= 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "fid@vgg"],

@@ -81,6 +81,26 @@ def run_options(args):
                       time_budget=args.time_budget, memory_budget=args.memory_budget)
 
 
+def numerics_options(sp: argparse.ArgumentParser, default: bool) -> None:
+    """--dtype, --tf32 and --compile: a trial's fields (`run`, with their defaults) or overrides of every suite trial's
+    (`suite`, unset: each trial keeps the suite file's, e.g. a paper's own precision)."""
+    keep = " (default: each trial's own, from the suite file)"
+    sp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32" if default else None,
+                    help="the arms' compute dtype: fp16/bf16 under autocast" + (" (default fp32)" if default else keep))
+    sp.add_argument("--tf32", choices=("on", "off"), default="off" if default else None,
+                    help="TF32 matmuls on CUDA (no effect on the CPU)" + (" (default off)" if default else keep))
+    sp.add_argument("--compile", action="store_true" if default else argparse.BooleanOptionalAction,
+                    default=False if default else None,
+                    help="torch.compile the networks' blocks in both arms; compilation is timed apart (warm-up)"
+                         + ("" if default else keep))
+
+
+def numerics(args) -> dict:
+    """The --dtype / --tf32 / --compile a suite command sets, as trial fields (those left unset are absent)."""
+    given = {"dtype": args.dtype, "tf32": None if args.tf32 is None else args.tf32 == "on", "compile": args.compile}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def method_knobs(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="a method knob; repeatable")
 

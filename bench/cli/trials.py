@@ -20,7 +20,8 @@ def _trial_from_args(args):
         raise UserError("run needs --teacher and --method (or a trial YAML file)")
     return Trial(teacher=args.teacher, method=args.method, params=options.parse_params(args.param),
                  metrics=tuple(args.metric), n_samples=args.n_samples, batch_size=args.batch_size,
-                 seed=args.seed, device=args.device, metric_repeats=args.metric_repeats)
+                 seed=args.seed, device=args.device, metric_repeats=args.metric_repeats, dtype=args.dtype,
+                 tf32=args.tf32 == "on", compile=args.compile)
 
 
 def _store_line(uri: str, args, experiment: str) -> str:
@@ -40,20 +41,24 @@ def _dry_run(title: str, load, warmup: int) -> int:
 
 
 def cmd_run(args) -> int:
+    from bench import distributed
     from bench.runner import plan, run_trial
-    from bench.tracking import Tracker, tracking_uri
+    from bench.tracking import NullTracker, Tracker, tracking_uri
 
     if args.dry_run:
         return _dry_run("dry run of one trial", lambda: [plan(_trial_from_args(args))], args.warmup)
     p = plan(_trial_from_args(args))  # validate everything before touching the store or building anything
     opts = options.run_options(args)
+    world = distributed.init(p.trial.device)
     for m in p.metrics:
-        if m.unavailable:
+        if m.unavailable and world.main:
             print(f"accelbench: not computed: {m.unavailable}", file=sys.stderr)
     uri = tracking_uri(args.tracking_uri)
     cache = options.open_cache(args)
-    tracker = Tracker(uri, args.experiment)
+    tracker = Tracker(uri, args.experiment) if world.main else NullTracker()
     metrics = run_trial(p, cache=cache, tracker=tracker, opts=opts)
+    if not world.main:  # rank 0 logs and prints the trial
+        return 0
     print(format_result(p.trial.method, p.reference, metrics))
     print("\n" + _store_line(uri, args, args.experiment))
     return 0
@@ -79,21 +84,27 @@ def format_result(method: str, reference: str, m: dict[str, float]) -> str:
 
 
 def cmd_suite(args) -> int:
+    from bench import distributed
     from bench.suite import load_suite, run_suite
-    from bench.tracking import Tracker, tracking_uri
+    from bench.tracking import NullTracker, Tracker, tracking_uri
     from reports.report import write_report
 
     overrides = options.parse_params(args.param)
     if args.dry_run:
         def load():
-            return load_suite(args.file, n_samples=args.n_samples, overrides=overrides).plans
+            return load_suite(args.file, n_samples=args.n_samples, overrides=overrides,
+                              numerics=options.numerics(args)).plans
 
         return _dry_run(f"dry run of suite {args.file}", load, args.warmup)
-    suite = load_suite(args.file, n_samples=args.n_samples, overrides=overrides)  # planned before anything runs
+    suite = load_suite(args.file, n_samples=args.n_samples, overrides=overrides,
+                       numerics=options.numerics(args))  # planned before anything runs
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
-    tracker = Tracker(uri, suite.experiment)
+    world = distributed.init("auto")
+    tracker = Tracker(uri, suite.experiment) if world.main else NullTracker()
     ran, skipped = run_suite(suite, tracker=tracker, cache=cache, opts=opts, force=args.force)
+    if not world.main:  # rank 0 reports
+        return 0
     print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
     path = write_report(uri, suite.experiment, out)
     print(f"report: {path}")
@@ -148,6 +159,7 @@ def register(sub) -> None:
     r.add_argument("--batch-size", type=int, default=1, help="samples per sampler call (default 1)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    options.numerics_options(r, default=True)
     options.dry_run(r)
     options.execution(r, experiment=True)
     r.set_defaults(func=cmd_run)
@@ -161,6 +173,7 @@ def register(sub) -> None:
     su.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="set a knob in every trial whose method has it (e.g. train_steps=10 for a quick pass); "
                          "repeatable")
+    options.numerics_options(su, default=False)
     options.dry_run(su)
     options.execution(su)
     su.set_defaults(func=cmd_suite)
