@@ -147,9 +147,8 @@ def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
             teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
         except ValueError as exc:
             raise UserError(f"{owner} on teacher {trial.teacher!r}: {exc}") from None
-    if method_cls.batch_size_one and trial.batch_size != 1:
-        raise UserError(f"method {trial.method!r} decodes one sequence at a time: batch_size must be 1, "
-                        f"got {trial.batch_size}")
+    if refusal := method_cls.batch_refusal(teacher_cls, trial.batch_size):
+        raise UserError(f"method {trial.method!r}: {refusal}")
     device = resolve_device(trial.device)
     if files.auditing():
         for path in getattr(teacher_cls, "files", tuple)():

@@ -39,9 +39,6 @@ class Method:
     modalities: ClassVar[tuple[str, ...]] = ("image", "text")  # what its teachers may generate
     Config: ClassVar[type]
     key_knobs: ClassVar[tuple[str, ...]] = ()  # the knobs a results table shows for this method
-    # Decodes one sequence at a time (a loop that cannot keep rows at different lengths); the runner refuses a larger
-    # batch rather than compare a sequential loop with a batched baseline. `batch_refusal` for a per-teacher limit.
-    batch_size_one: ClassVar[bool] = False
     # One of the five papers' methods: its runs at its default key knobs make the report's headline row.
     headline: ClassVar[bool] = False
     # What the method reads of its teacher beyond the family protocol (e.g. an image AR teacher's `codebook`); a

@@ -32,24 +32,11 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture()
 def tiny_recipe(monkeypatch):
-    """The registered teachers with a seconds-long training recipe (the cache key changes with the recipe)."""
-    from teachers.tiny.zoo import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, FashionARClass,
-                                   FashionARText, WordNetGPT, WordNetMDLM)
-    from teachers.tiny.image_mar import ModelSize
-    from teachers.data.text import TextDataRecipe
+    """The registered teachers with a seconds-long training recipe (tests/tiny_recipes.py)."""
+    from tests.tiny_recipes import recipes
 
-    for cls in (DigitsARText, DigitsARClass, FashionARText, FashionARClass):
-        recipe = dataclasses.replace(cls.recipe, steps=30, n_layer=1, n_embd=32, codebook_size=32)
+    for cls, recipe in recipes().items():
         monkeypatch.setattr(cls, "recipe", recipe)
-    size = ModelSize(n_layer=1, n_head=2, n_embd=16, head_width=16, head_depth=1)
-    monkeypatch.setattr(DigitsMARClass, "recipe", dataclasses.replace(DigitsMARClass.recipe, steps=10, batch_size=4,
-                                                                      target=size, draft=size))
-    monkeypatch.setattr(DigitsDiTClass, "recipe", dataclasses.replace(DigitsDiTClass.recipe, steps=10, batch_size=8,
-                                                                      hidden=16, depth=2, heads=2))
-    data = TextDataRecipe(vocab_size=300, seq_len=16)
-    for cls in (WordNetMDLM, WordNetGPT):
-        monkeypatch.setattr(cls, "recipe", dataclasses.replace(cls.recipe, data=data, steps=10, batch_size=8,
-                                                               n_layer=1, n_head=2, n_embd=16))
 
 
 @pytest.fixture(scope="session")

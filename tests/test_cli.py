@@ -221,6 +221,8 @@ class OtherFamilyMethod(AR):
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=0"], "window must be >= 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "init=diagonal"], "'init' must be one of random"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--n-samples", "0"], "n_samples must be a positive integer"),
+    (["--teacher", "smollm2-135m-instruct", "--method", "sjd", "--batch-size", "4"],
+     "keeps one cache length for every row of a batch: decode it with SJD or Jacobi at batch_size 1, got 4"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window"], "--param expects KEY=VALUE"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--threads", "0"], "--threads >= 1"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "fid@vgg"],

@@ -69,7 +69,7 @@ def test_method_samples_on_the_device(name, tmp_path):
                 continue
             # ARD's R+D fine-tune reads the teacher's real images: the official DiT's (ImageNet) are not at hand
             config = fast if hasattr(teacher, "dataset_name") or name != "ard" else replace(fast, gan_steps=0)
-            batch = 1 if cls.batch_size_one or cls.batch_refusal(type(teacher), 2) else 2
+            batch = 1 if cls.batch_refusal(type(teacher), 2) else 2
             cond = teacher.conditions(batch, torch.Generator(DEVICE).manual_seed(0))
             assert _on_device(cond)
             method = cls(teacher, config)

@@ -122,8 +122,7 @@ def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(
                                      if ar_token.FAMILY in c.families and "image" in c.modalities)
     store = f"sqlite:///{tmp_path}/mlflow.db"
     for method, params in AR_FAST.items():
-        batch = "1" if METHODS.get(method).batch_size_one else "2"
-        args = ["run", "--teacher", "tiny-llamagen", "--method", method, "--n-samples", "4", "--batch-size", batch,
+        args = ["run", "--teacher", "tiny-llamagen", "--method", method, "--n-samples", "4", "--batch-size", "2",
                 "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "llamagen",
                 "--warmup", "0", "--no-progress", "--param", "cfg=2.0", *(a for p in params for a in ("--param", p))]
         assert cli.main(args) == 0, method

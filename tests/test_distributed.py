@@ -1,0 +1,168 @@
+"""Data-parallel trials under torchrun (gloo, CPU processes) equal one process; a SIGKILLed trial resumes from its
+spool to the numbers of an uninterrupted run; the trial's numerics fields."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from bench import precision
+from bench.errors import UserError
+from bench.spool import SPOOL_DIR
+from bench.timing import latency_stats
+from bench.trial import Trial
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# One trial per family, each on a tiny registered teacher (tests/tiny_recipes.py), small enough for a test: an odd
+# number of batches, so rank 0 draws one more than rank 1. `dd` trains (pairs and a student): rank 0 alone must.
+SUITE = {
+    "experiment": "ddp",
+    "defaults": {"n_samples": 6, "batch_size": 2},
+    "trials": [
+        {"teacher": "digits-ar-t2i", "method": "sjd", "params": {"window": 4}, "batch_size": 1, "n_samples": 5,
+         "metrics": ["fid"]},
+        {"teacher": "digits-ar-c2i", "method": "dd", "params": {"n_pairs": 64, "train_steps": 3, "batch": 16,
+                                                                "solver_steps": 3}},
+        {"teacher": "digits-mar-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
+        {"teacher": "digits-mar-masked-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
+        {"teacher": "digits-var-c2i", "method": "ar", "metrics": ["fid"]},
+        {"teacher": "digits-dit-c2i", "method": "ddim", "params": {"steps": 3}},
+        {"teacher": "wordnet-mdlm", "method": "mdlm", "params": {"steps": 4}, "metrics": ["entropy"]},
+    ],
+}
+TIMING = ("sec_per", "samples_per_sec", "speedup_wall", "compile_seconds")
+
+
+def _env(**extra) -> dict[str, str]:
+    return {**os.environ, "ACCELBENCH_PLUGINS": "tests.tiny_recipes_plugin", "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1", **extra}
+
+
+def _cli(*args, nproc: int = 1) -> list[str]:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                if nproc > 1 else [sys.executable])
+    return [*launcher, "-m", "bench.cli", *args]
+
+
+def _trial_runs(uri: str, experiment: str) -> dict[str, object]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.`accelbench.kind` = 'trial'")
+    return {r.data.tags["trial_key"]: r for r in runs}
+
+
+def _same(a, b) -> None:
+    """Same samples (hashes), same counts and quality metrics; timings differ, and `fit/` says whether the training
+    was found in the cache."""
+    hashes = {k: v for k, v in a.data.tags.items() if k.startswith("samples_sha256.")}
+    assert hashes and hashes == {k: v for k, v in b.data.tags.items() if k.startswith("samples_sha256.")}
+    untimed = {k: v for k, v in a.data.metrics.items() if not any(t in k for t in TIMING) and not k.startswith("fit/")}
+    assert "nfe_per_sample" in untimed and untimed == {k: b.data.metrics[k] for k in untimed}
+
+
+def test_torchrun_two_ranks_equal_one_process(tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump(SUITE))
+    cache = tmp_path / "cache"
+    common = ["--cache-dir", str(cache), "--no-progress", "--warmup", "1", "--threads", "1"]
+    two = f"sqlite:///{tmp_path}/two.db"
+    done = subprocess.run(_cli("suite", str(suite), "--tracking-uri", two, "--out", str(tmp_path / "r2"), *common,
+                               nproc=2), env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = f"sqlite:///{tmp_path}/one.db"  # the same cache: the teachers and DD's student rank 0 trained
+    done = subprocess.run(_cli("suite", str(suite), "--tracking-uri", one, "--out", str(tmp_path / "r1"), *common),
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    runs2, runs1 = _trial_runs(two, "ddp"), _trial_runs(one, "ddp")
+    assert len(runs2) == len(SUITE["trials"]) and runs2.keys() == runs1.keys()
+    assert {r.data.tags["family"] for r in runs2.values()} == {
+        "ar-token", "continuous-ar", "masked-ar", "multiscale-vq", "ode-diffusion", "masked-diffusion-lm"}
+    for key, run in runs2.items():
+        assert run.data.params["world_size"] == "2" and runs1[key].data.params["world_size"] == "1"
+        assert "samples_per_sec_rank1" in run.data.metrics and "ref/samples_per_sec_rank0" in run.data.metrics
+        _same(run, runs1[key])
+    trainings = MlflowClient(two).search_runs(
+        [MlflowClient(two).get_experiment_by_name("accelbench-training").experiment_id])
+    keys = [r.data.tags["cache_key"] for r in trainings]
+    assert keys and len(keys) == len(set(keys))  # each teacher and student trained once, by rank 0
+    assert not list((cache / SPOOL_DIR).iterdir())  # logged runs leave no spool
+
+
+def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path):
+    cache = tmp_path / "cache"
+    trial = ["run", "--teacher", "digits-ar-c2i", "--method", "ar", "--n-samples", "400", "--batch-size", "4",
+             "--metric", "fid", "--cache-dir", str(cache), "--no-progress", "--warmup", "0"]
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    # the teacher and the classifier first (a run of their own), so the kill lands while sampling
+    prepare = subprocess.run(_cli(*trial[:5], "--n-samples", "2", *trial[7:], "--tracking-uri",
+                                  f"sqlite:///{tmp_path}/prepare.db"), env=_env(), capture_output=True, text=True)
+    assert prepare.returncode == 0, prepare.stderr[-3000:]
+
+    proc = subprocess.Popen(_cli(*trial, "--tracking-uri", store), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    spooled = cache / SPOOL_DIR
+    deadline = time.monotonic() + 300
+    while len(list(spooled.glob("*/ref/*.pt"))) < 20:  # mid-way: 20 of 100 batches of the second arm
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the trial did not reach its 20th batch"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert [r.info.status for r in MlflowClient(store).search_runs(["1"])] == ["RUNNING"]
+
+    doctor = subprocess.run(_cli("doctor", "--tracking-uri", f"sqlite:///{tmp_path}/other.db", "--cache-dir",
+                                 str(cache)), env=_env(), capture_output=True, text=True)
+    assert "resumable: trial" in doctor.stdout and "ar on digits-ar-c2i" in doctor.stdout, doctor.stdout
+
+    again = subprocess.run(_cli(*trial, "--tracking-uri", store), env=_env(), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    runs = MlflowClient(store).search_runs(["1"])
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]  # no RUNNING run left behind
+    resumed = next(r for r in runs if r.info.status == "FINISHED")
+    killed = next(r for r in runs if r.info.status == "KILLED")
+    assert 0 < int(resumed.data.tags["resumed_from"]) < 400 and resumed.data.tags["resumed_run"] == killed.info.run_id
+
+    fresh = f"sqlite:///{tmp_path}/fresh.db"
+    whole = subprocess.run(_cli(*trial, "--tracking-uri", fresh), env=_env(), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    uninterrupted = MlflowClient(fresh).search_runs(["1"])[0]
+    assert "resumed_from" not in uninterrupted.data.tags
+    _same(resumed, uninterrupted)
+    assert "fid.digits-cnn" in resumed.data.metrics
+
+
+def test_trial_numerics_fields_are_checked_and_keyed():
+    with pytest.raises(UserError, match="dtype must be one of fp32, bf16, fp16, got 'fp64'"):
+        Trial("t", "m", dtype="fp64")
+    with pytest.raises(UserError, match="compile must be true or false"):
+        Trial("t", "m", compile="yes")
+    assert Trial("t", "m", dtype="bf16").key() != Trial("t", "m").key()
+
+
+def test_latency_of_several_ranks_is_each_ranks_median_and_summed_throughput():
+    stats = latency_stats([1.0, 3.0, 2.0, 2.0, 2.0, 6.0], [1, 1, 1, 1, 1, 1], ranks=[0, 1, 0, 1, 0, 1])
+    assert stats["sec_per_sample_median"] == pytest.approx((2.0 + 3.0) / 2)  # the median of the ranks' medians
+    assert stats["samples_per_sec_rank0"] == pytest.approx(3 / 5) and stats["samples_per_sec_rank1"] == 3 / 11
+    assert stats["samples_per_sec"] == pytest.approx(3 / 5 + 3 / 11)
+    assert latency_stats([1.0, 3.0], [1, 1]) == latency_stats([1.0, 3.0], [1, 1], ranks=[0, 0])
+
+
+def test_compiled_blocks_run_eagerly_again_after_the_trial():
+    class Owner:
+        def __init__(self):
+            self.network = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.Linear(2, 2)]))
+
+    owner = Owner()
+    with precision.compiled(True, owner) as n:
+        assert n == 1 and owner.network[1][0]._compiled_call_impl is not None  # the block of the list, not the net
+    assert owner.network[1][0]._compiled_call_impl is None

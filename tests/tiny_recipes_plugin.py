@@ -1,0 +1,6 @@
+"""Plugin (ACCELBENCH_PLUGINS=tests.tiny_recipes_plugin): every process trains the tiny teachers with the seconds-long
+recipes of tests/tiny_recipes.py."""
+from tests.tiny_recipes import recipes
+
+for cls, recipe in recipes().items():
+    cls.recipe = recipe
