@@ -30,7 +30,8 @@ zoo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest || [ $$? -eq 5 ]
 
-# The GPU check: every registry entry on a CUDA device (tests/test_gpu.py, `pytest -m gpu`). A GPU box may have torch and
+# The GPU check: every registry entry on a CUDA device (tests/test_gpu.py, `pytest -m gpu`), and a trial under torchrun
+# (2 ranks where 2 GPUs exist, 1 otherwise; nccl) drawing the samples one process draws. A GPU box may have torch and
 # nothing else of ours, and no package index: `make gpu-wheels` fetches here the pure-Python wheels the check needs
 # into $(GPU_WHEELS) (carry that folder there), and `make gpu-check` puts them on the path as zip files. With .venv
 # present it uses the venv instead (every metric is then checked too; without their libraries they are skipped).

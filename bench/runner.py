@@ -203,7 +203,8 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
             generator = torch.Generator(device).manual_seed(batch_seed(trial.seed, i))
             with stopwatch(device, seconds), precision.autocast(device, trial.dtype):
                 out: Samples = method.sample(conds[sl], generator=generator)
-            spools[name].write(i, Batch(out.data, out.cond, out.counters, seconds[0]))
+            data = out.data.float() if out.data.is_floating_point() else out.data  # decoded and scored in float32
+            spools[name].write(i, Batch(data, out.cond, out.counters, seconds[0]))
     world.barrier()
     if not world.main:
         return None, warmup

@@ -4,6 +4,7 @@ import dataclasses
 import pytest
 import torch
 
+from bench import precision
 from bench.cache import Cache
 from bench.config import build_config, knobs
 from bench.errors import UserError
@@ -54,9 +55,13 @@ def test_family_contract(family):
     for make in FAKES[family]:
         teacher = make()
         s = family.SamplingConfig()
-        out = family.sample(teacher, teacher.conditions(2, torch.Generator().manual_seed(0)), s,
-                            generator=torch.Generator().manual_seed(1))
+        cond = teacher.conditions(2, torch.Generator().manual_seed(0))
+        out = family.sample(teacher, cond, s, generator=torch.Generator().manual_seed(1))
         assert isinstance(out, Samples) and len(out.data) == 2
+        with precision.autocast(torch.device("cpu"), "bf16"):  # `--dtype bf16` on the CPU
+            low = family.sample(teacher, cond, s, generator=torch.Generator().manual_seed(1))
+        assert low.data.shape == out.data.shape and low.data.is_floating_point() == out.data.is_floating_point()
+        assert low.data.float().isfinite().all() and low.counters.keys() == out.counters.keys()
 
 
 @pytest.mark.parametrize("name", METHODS.names())
@@ -106,6 +111,10 @@ def test_method_entry(name, tmp_path):
             else:  # an image: at most one pass per teacher step
                 assert 1 <= out.counters["nfe"] <= steps and out.counters["tokens"] == 1
             assert torch.equal(runs[0].data, runs[1].data) and runs[0].counters == runs[1].counters
+            with precision.autocast(torch.device("cpu"), "bf16"):  # `--dtype bf16` on the CPU
+                low = method.sample(cond, generator=torch.Generator().manual_seed(5))
+            assert low.data.shape == out.data.shape and low.data.is_floating_point() == out.data.is_floating_point()
+            assert low.data.float().isfinite().all()  # (the runner spools floating samples in float32)
             # What a dry run plans is what the method counts: its declared passes bound (or equal) its NFE.
             length = len(teacher.patch_nums) if family == multiscale_vq.FAMILY else getattr(teacher, "seq_len", 0)
             planned = cls.passes(fast, family, length)["method"]

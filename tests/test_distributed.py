@@ -35,7 +35,7 @@ SUITE = {
         {"teacher": "digits-mar-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
         {"teacher": "digits-mar-masked-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
         {"teacher": "digits-var-c2i", "method": "ar", "metrics": ["fid"]},
-        {"teacher": "digits-dit-c2i", "method": "ddim", "params": {"steps": 3}},
+        {"teacher": "digits-dit-c2i", "method": "ddim", "params": {"steps": 3}, "dtype": "bf16"},
         {"teacher": "wordnet-mdlm", "method": "mdlm", "params": {"steps": 4}, "metrics": ["entropy"]},
     ],
 }
@@ -91,6 +91,8 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
         assert run.data.params["world_size"] == "2" and runs1[key].data.params["world_size"] == "1"
         assert "samples_per_sec_rank1" in run.data.metrics and "ref/samples_per_sec_rank0" in run.data.metrics
         _same(run, runs1[key])
+    dit = next(r for r in runs2.values() if r.data.params["teacher"] == "digits-dit-c2i")
+    assert dit.data.params["dtype"] == "bf16" and dit.data.tags["precision"] == "bf16 autocast, no tf32 (cpu)"
     trainings = MlflowClient(two).search_runs(
         [MlflowClient(two).get_experiment_by_name("accelbench-training").experiment_id])
     keys = [r.data.tags["cache_key"] for r in trainings]

@@ -134,3 +134,33 @@ def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
     assert m["ref/nfe_per_sample"] == 9 and 1 <= m["nfe_per_sample"] <= 9 and m["speedup_wall"] > 0
     (run,) = tracker.client.search_runs([tracker.experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["device"].startswith(DEVICE.type)
+
+
+def test_a_torchrun_trial_on_the_device(tmp_path):
+    """The data-parallel path on the device: 2 ranks where 2 GPUs exist (or on the CPU), 1 otherwise, through
+    torchrun (nccl on CUDA, gloo on the CPU), drawing the same samples as one process without torchrun."""
+    _needs("yaml", "numpy", "torchvision", "tqdm")
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ranks = 2 if DEVICE.type == "cpu" or torch.cuda.device_count() >= 2 else 1
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "ACCELBENCH_GPU_CHECK_DEVICE": str(DEVICE), "OMP_NUM_THREADS": "1"}
+    logged = {}
+    for launcher, out in (([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={ranks}"], tmp_path / "ranks" / "out.json"),
+                          ([sys.executable], tmp_path / "one" / "out.json")):
+        out.parent.mkdir()
+        done = subprocess.run([*launcher, str(root / "tests" / "torchrun_trial.py"), str(out)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        print(done.stdout.strip())
+        logged[out.parent.name] = json.loads(out.read_text())
+    spread, one = logged["ranks"], logged["one"]
+    assert spread["params"]["world_size"] == str(ranks) and one["params"]["world_size"] == "1"
+    assert spread["tags"]["device"].startswith(DEVICE.type)
+    hashes = {k: v for k, v in spread["tags"].items() if k.startswith("samples_sha256.")}
+    assert hashes and hashes == {k: v for k, v in one["tags"].items() if k.startswith("samples_sha256.")}
+    assert spread["metrics"]["nfe_per_sample"] == one["metrics"]["nfe_per_sample"]

@@ -98,8 +98,8 @@ class RaggedKVCache(KVCache):
     def update(self, layer, k, v):
         B, H, L, hd = k.shape
         idx = self._slots(L).clamp(max=self.k.shape[3] - 1)[:, None, :, None].expand(B, H, L, hd)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
+        self.k[layer].scatter_(2, idx, k.to(self.k.dtype))  # autocast computes k, v in a lower precision
+        self.v[layer].scatter_(2, idx, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
 
     def mask(self, L, causal):
