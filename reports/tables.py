@@ -37,6 +37,7 @@ class TrialRun:
     key_knobs: tuple = field(default=())
     warmup: str = "unknown"  # warm-up batches per arm before timing
     batch_size: int = 1
+    world_size: str = "1"  # torchrun ranks that drew the samples
 
     @functools.cached_property  # read from the tags once per run
     def paper(self) -> dict:
@@ -54,7 +55,7 @@ class TrialRun:
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
                    dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs, p.get("warmup", "unknown"),
-                   int(p.get("batch_size", 1)))
+                   int(p.get("batch_size", 1)), p.get("world_size", "1"))
 
 
 def natural(text: str) -> tuple:
@@ -248,6 +249,7 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
         return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
 
     warmups = ", ".join(sorted({r.warmup for r in runs}))
+    ranks = ", ".join(sorted({r.world_size for r in runs}))
 
     libs = sorted({t for r in runs for t in r.tags if t.endswith("_version")})
     dates = sorted(datetime.fromtimestamp(r.start_time_ms / 1000, tz=timezone.utc).date().isoformat() for r in runs)
@@ -256,7 +258,8 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
              f"- git: {values('git_sha')}",
              "- libraries: " + "; ".join(f"{t[: -len('_version')]} {values(t)}" for t in libs),
              f"- CPU: {values('cpu')}; device: {values('device')}; torch threads: {values('torch_threads')}; "
-             f"python: {values('python')}; warm-up batches per arm: {warmups}"]
+             f"python: {values('python')}; warm-up batches per arm: {warmups}",
+             f"- numerics: {values('precision')}; ranks per trial (torchrun): {ranks}"]
     return lines
 
 
