@@ -15,11 +15,12 @@ import atexit
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from bench.cache import Cache
 from bench.errors import UserError
 
 # How long a rank waits at a barrier: the other ranks wait there while rank 0 trains what a trial needs (a teacher,
@@ -50,6 +51,14 @@ class World:
         if self.size > 1:
             dist.barrier()
 
+    def data_parallel(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module` wrapped in DistributedDataParallel (its gradients averaged over the ranks in `backward`), or itself
+        in a one-process world."""
+        if self.size == 1:
+            return module
+        device = next(module.parameters()).device
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         if self.size == 1:
@@ -60,6 +69,24 @@ class World:
 
 
 _WORLD = World()
+
+
+def build_together(cache: Cache, kind: str, key: str | None, build: Callable[[], Any]) -> tuple[Any, bool]:
+    """`Cache.get_or_build` for an object every rank builds together (a student trained with DDP): rank 0 looks in
+    the cache and tells the others; if it has no entry every rank builds and rank 0 writes it. Returns (object,
+    was_cached) on every rank."""
+    w = world()
+    if w.size == 1 or key is None:
+        return cache.get_or_build(kind, key, build)
+    cached = w.broadcast(cache.load(kind, key) is not None if w.main else None)
+    if cached:
+        w.barrier()  # rank 0 has read it
+        return cache.load(kind, key), True
+    obj = build()
+    if w.main:
+        cache.save(kind, key, obj)
+    w.barrier()
+    return obj, False
 
 
 def world() -> World:

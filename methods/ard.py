@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench import distributed
 from bench.cache import Cache, keyed
 from bench.config import config_dict
 from bench.errors import UserError
@@ -64,6 +65,11 @@ class ARDConfig:
     gan_weight: float = 10.0  # ld, the multiplier of the adaptive weight
     gan_warmup: int = 0  # first R+D steps with weight 0 (the released code: 3000)
     disc_lr: float = 1e-3
+    # Train the student with DDP over the ranks torchrun started (`bench.distributed`), as the released train_ARD.py
+    # does (DiT's train.py: `--global-batch-size` split over the ranks): each rank takes its share of every global
+    # batch of `batch` pairs and the ranks average their gradients, so the student is the one-process student up to
+    # the order of float sums, and shares its cache key. False: rank 0 trains alone while the others wait.
+    ddp: bool = False
 
     def __post_init__(self):
         choices = {"mask": MASKS, "knots": ("uniform", "released"), "target": ("x0hat", "xt"),
@@ -77,6 +83,8 @@ class ARDConfig:
             low = 1 if name in ("n_traj", "train_steps", "batch") else 0
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.ddp and self.gan_steps:
+            raise ValueError("ddp trains the regression stage only: use gan_steps=0 with ddp=true")
         if not (self.lr > 0 and self.disc_lr > 0 and self.gan_weight >= 0 and 0 <= self.ema < 1):
             raise ValueError(f"need lr, disc_lr > 0, gan_weight >= 0 and 0 <= ema < 1, got {self.lr}, {self.disc_lr}, "
                              f"{self.gan_weight}, {self.ema}")
@@ -176,13 +184,16 @@ class ARD(Method):
         The held-out trajectories (seconds to generate) give the coupling error every time."""
         c = self.config
         gan = ("gan_steps", "gan_weight", "gan_warmup", "disc_lr")  # without R+D they change nothing
-        knobs = {k: v for k, v in config_dict(c).items() if c.gan_steps or k not in gan}
+        knobs = {k: v for k, v in config_dict(c).items() if (c.gan_steps or k not in gan) and k != "ddp"}
         if c.gan_steps:
             knobs["gan_version"] = GAN_VERSION
         if c.knots == "released":
             knobs["released_knots_version"] = RELEASED_KNOTS_VERSION
-        blob, cached = cache.get_or_build("ard-students", keyed(self.teacher, knobs, STUDENT_VERSION),
-                                          lambda: self._train(cache))
+        key = keyed(self.teacher, knobs, STUDENT_VERSION)
+        if c.ddp:  # every rank trains; rank 0 writes the entry
+            blob, cached = distributed.build_together(cache, "ard-students", key, lambda: self._train(cache))
+        else:
+            blob, cached = cache.get_or_build("ard-students", key, lambda: self._train(cache))
         held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.train_seed + 1, cache=cache)
         self.student = self._new_student()
         self.student.load_state_dict(blob["state_dict"])
@@ -197,9 +208,17 @@ class ARD(Method):
                 "student_cached": float(cached), "coupling_mse": F.mse_loss(free, targets[:, -1]).item(),
                 "teacher_forced_mse": F.mse_loss(forced, targets).item(), **self._flops()}
 
+    @classmethod
+    def trains_on_every_rank(cls, config: ARDConfig) -> bool:
+        return config.ddp
+
     def _train(self, cache: Cache) -> dict:
-        """Eq. 6 on the teacher's device."""
+        """Eq. 6 on the teacher's device; with `ddp`, this rank's share of each global batch, gradients averaged over
+        the ranks (every rank draws the same global batch indices from the same generator)."""
         c, t0 = self.config, time.perf_counter()
+        world = distributed.world() if c.ddp else distributed.World()
+        if c.batch % world.size:
+            raise UserError(f"ard: batch {c.batch} (the global batch) must divide over the {world.size} ranks")
         trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.train_seed, cache=cache)
         traj_seconds = time.perf_counter() - t0
         device = self.teacher.network.pos_embed.device
@@ -212,9 +231,10 @@ class ARD(Method):
         ema.load_state_dict(student.state_dict())
         opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
         sched = warmup_cosine(opt, c.train_steps)
+        net = world.data_parallel(student)
         for k in range(c.train_steps):
-            idx = torch.randint(len(inputs), (c.batch,), generator=g, device=device)
-            loss = F.mse_loss(student(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
+            idx = torch.randint(len(inputs), (c.batch,), generator=g, device=device)[world.rank :: world.size]
+            loss = F.mse_loss(net(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
             optimizer_step(loss, opt, sched, student.parameters())
             ema_update(ema, student, c.ema, k)
         info = {"trajectory_seconds": traj_seconds, "train_loss": loss.item(),

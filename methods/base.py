@@ -69,6 +69,12 @@ class Method:
         return None
 
     @classmethod
+    def trains_on_every_rank(cls, config: Any) -> bool:
+        """Whether `fit` trains with every rank of a torchrun trial at once (DDP, `bench.distributed`); by default
+        rank 0 fits alone while the others wait, then they read its result from the cache."""
+        return False
+
+    @classmethod
     def trains(cls, config: Any) -> bool:
         """Whether `fit` trains (or generates its training data) under `config`: a dry run says so."""
         return cls.fit is not Method.fit

@@ -23,7 +23,8 @@ from bench.trial import Trial
 ROOT = Path(__file__).resolve().parent.parent
 
 # One trial per family, each on a tiny registered teacher (tests/tiny_recipes.py), small enough for a test: an odd
-# number of batches, so rank 0 draws one more than rank 1. `dd` trains (pairs and a student): rank 0 alone must.
+# number of batches, so rank 0 draws one more than rank 1. `dd` trains (pairs and a student): rank 0 alone must;
+# `ard` with `ddp` trains on both ranks at once.
 SUITE = {
     "experiment": "ddp",
     "defaults": {"n_samples": 6, "batch_size": 2},
@@ -36,6 +37,10 @@ SUITE = {
         {"teacher": "digits-mar-masked-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
         {"teacher": "digits-var-c2i", "method": "ar", "metrics": ["fid"]},
         {"teacher": "digits-dit-c2i", "method": "ddim", "params": {"steps": 3}, "dtype": "bf16"},
+        # trained with DDP on both ranks: rank 1 samples with its own replica, equal to rank 0's cached one only if
+        # the ranks' gradients were averaged
+        {"teacher": "digits-dit-c2i", "method": "ard", "params": {"ddp": True, "steps": 8, "student_steps": 2,
+                                                                 "n_traj": 16, "train_steps": 3, "batch": 4}},
         {"teacher": "wordnet-mdlm", "method": "mdlm", "params": {"steps": 4}, "metrics": ["entropy"]},
     ],
 }
@@ -91,7 +96,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
         assert run.data.params["world_size"] == "2" and runs1[key].data.params["world_size"] == "1"
         assert "samples_per_sec_rank1" in run.data.metrics and "ref/samples_per_sec_rank0" in run.data.metrics
         _same(run, runs1[key])
-    dit = next(r for r in runs2.values() if r.data.params["teacher"] == "digits-dit-c2i")
+    dit = next(r for r in runs2.values() if r.data.params["method"] == "ddim")
     assert dit.data.params["dtype"] == "bf16" and dit.data.tags["precision"] == "bf16 autocast, no tf32 (cpu)"
     trainings = MlflowClient(two).search_runs(
         [MlflowClient(two).get_experiment_by_name("accelbench-training").experiment_id])
