@@ -11,11 +11,13 @@ runs reported to the tracker, as one MLflow run.
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import hashlib
 import io
 import statistics
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,7 +33,7 @@ from bench.paper import paper_tags
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.rng import batch_seed
 from bench.samples import Samples
-from bench.spool import ArmSpool, Batch, TrialSpool
+from bench.spool import ArmSpool, Batch, TrialSpool, claim
 from bench.timing import latency_stats, stopwatch
 from bench.tracking import NullTracker, RunLog, Tracker
 from bench.training import progress_bars, threads, training_reports
@@ -353,15 +355,18 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
     trial's spooled samples (tags `resumed_from`: samples already drawn, `resumed_run`: the killed runs)."""
     world = distributed.world()
     tags = {**paper_tags(p.paper), **(tags or {})}
-    if world.main:
-        ended = [run_id for run_id, line in tracker.end_orphans(f"tags.trial_key = '{p.trial.key()}'",
-                                                                [tracker.experiment_id]) if "KILLED" in line]
-        if ended:
-            tags["resumed_run"] = ",".join(ended)
-    metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts), kind="trial", name=run_name(p), cache=cache,
-                      tracker=tracker, opts=opts, tags=tags, on_start=on_start)
-    if world.main:  # logged: the spooled samples have served
-        TrialSpool(cache.root, p.trial, git_sha()).remove()
+    with claim(cache.root, p.trial, git_sha()) if world.main else contextlib.nullcontext() as spool:
+        if world.main:
+            ended = [run_id for run_id, line in tracker.end_orphans(f"tags.trial_key = '{p.trial.key()}'",
+                                                                    [tracker.experiment_id]) if "KILLED" in line]
+            if ended:
+                tags["resumed_run"] = ",".join(ended)
+        # every rank writes into rank 0's spool
+        spool = TrialSpool(Path(world.broadcast(str(spool.folder) if world.main else None)))
+        metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts, spool), kind="trial", name=run_name(p),
+                          cache=cache, tracker=tracker, opts=opts, tags=tags, on_start=on_start)
+        if world.main:  # logged: the spooled samples have served
+            spool.remove()
     return metrics
 
 
@@ -372,25 +377,20 @@ def run_name(p: Plan) -> str:
     return f"{t.method}[{shown}] {t.teacher} s{t.seed}" if shown else f"{t.method} {t.teacher} s{t.seed}"
 
 
-def _open_spool(cache: Cache, t: Trial, arms: list[str], world: distributed.World) -> tuple[TrialSpool, int]:
-    """The trial's spool, and how many samples every arm of it already holds (0 unless the trial resumes). Rank 0
-    opens it first (discarding a spool of another code version) and counts before any rank draws."""
-    spool, spooled = None, 0
-    if world.main:
-        spool = TrialSpool(cache.root, t, git_sha())
-        spooled = sum(sl.stop - sl.start for i, sl in enumerate(_batches(t.n_samples, t.batch_size))
-                      if all(spool.arm(a).has(i) for a in arms))
-    world.barrier()
-    return spool or TrialSpool(cache.root, t, git_sha()), spooled
+def _spooled(spool: TrialSpool, t: Trial, arms: list[str]) -> int:
+    """Samples every arm already holds in the spool (0 unless the trial resumes)."""
+    return sum(sl.stop - sl.start for i, sl in enumerate(_batches(t.n_samples, t.batch_size))
+               if all(spool.arm(a).has(i) for a in arms))
 
 
-def _sample_and_score(ctx: Context, opts: RunOptions) -> dict[str, float]:
+def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict[str, float]:
     p, t, teacher, method, device = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method, ctx.device
     world = distributed.world()
     arms = {"method": method, "ref": OwnSampler(teacher, p.sampling),
             **method.extra_arms(cache=ctx.cache, device=device)}
     conds = teacher.conditions(t.n_samples, torch.Generator(device).manual_seed(t.seed)).to(device)
-    spool, spooled = _open_spool(ctx.cache, t, list(arms), world)
+    spooled = _spooled(spool, t, list(arms)) if world.main else 0
+    world.barrier()  # counted before any rank draws
     with precision.compiled(t.compile, *arms.values()):
         results, warmup = _sample_arms(arms, conds, t, opts, device, spool, world)
     if results is None:  # not rank 0: its batches are in the spool

@@ -9,6 +9,8 @@ scoring, whatever the number of samples.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -73,26 +75,51 @@ class ArmSpool:
 
 
 class TrialSpool:
-    """The spool of one trial (by its key), for the code version `version`: arms are `ArmSpool`s."""
+    """The spool folder of one trial: an `ArmSpool` per arm."""
 
-    def __init__(self, root: Path, trial, version: str):
-        self.folder = root / SPOOL_DIR / trial.key()
-        meta = {"version": version, "trial_key": trial.key()}
-        meta_path = self.folder / "meta.json"
-        if meta_path.is_file() and _read_json(meta_path) != meta:
-            print(f"accelbench: the spooled samples in {self.folder} were drawn by another code version; starting "
-                  f"the trial over", file=sys.stderr)
-            shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        if not meta_path.is_file():
-            (self.folder / "trial.yaml").write_text(trial.to_yaml())
-            _write_json(meta_path, meta)
+    def __init__(self, folder: Path):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
 
     def arm(self, name: str) -> ArmSpool:
         return ArmSpool(self.folder / name)
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
+    """The trial's spool, held by this process (an exclusive lock, released by the kernel if it dies) for as long as
+    the block runs; the caller removes it once the trial's run is logged. A spool drawn by another code version
+    `version` is discarded first. When another live process holds the trial's spool (the same trial run twice at
+    once), this one samples into a private spool, removed at the end: two processes never share batches."""
+    base = root / SPOOL_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    key = trial.key()
+    with open(base / f"{key}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            folder, private = base / key, False
+        except BlockingIOError:
+            folder, private = base / f"{key}.{os.getpid()}", True
+            print(f"accelbench: another process is running trial {key}; sampling into a private spool, which "
+                  f"will not resume", file=sys.stderr)
+        meta = {"version": version, "trial_key": key}
+        if (folder / "meta.json").is_file() and _read_json(folder / "meta.json") != meta:
+            print(f"accelbench: the spooled samples in {folder} were drawn by another code version; starting the "
+                  f"trial over", file=sys.stderr)
+            shutil.rmtree(folder, ignore_errors=True)
+        spool = TrialSpool(folder)
+        if not (folder / "meta.json").is_file():
+            (folder / "trial.yaml").write_text(trial.to_yaml())
+            _write_json(folder / "meta.json", meta)
+        try:
+            yield spool
+        finally:
+            if private or not any(folder.glob("*/*.pt")):  # nothing another run could resume from
+                spool.remove()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read_json(path: Path):
@@ -112,6 +139,8 @@ def resumable(root: Path) -> list[str]:
     """One line per trial with spooled samples under the cache `root` (a trial that was killed, or is running now)."""
     lines = []
     for folder in sorted((root / SPOOL_DIR).glob("*/")):
+        if "." in folder.name or not any(folder.glob("*/*.pt")):  # a private spool (`claim`), or no batch yet
+            continue
         arms = sorted(p for p in folder.iterdir() if p.is_dir())
         counts = {a.name: sum(1 for _ in a.glob("*.pt")) for a in arms}
         try:

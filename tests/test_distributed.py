@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from bench import precision
 from bench.errors import UserError
-from bench.spool import SPOOL_DIR
+from bench.spool import SPOOL_DIR, Batch, claim, resumable
 from bench.timing import latency_stats
 from bench.trial import Trial
 
@@ -102,7 +103,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
         [MlflowClient(two).get_experiment_by_name("accelbench-training").experiment_id])
     keys = [r.data.tags["cache_key"] for r in trainings]
     assert keys and len(keys) == len(set(keys))  # each teacher and student trained once, by rank 0
-    assert not list((cache / SPOOL_DIR).iterdir())  # logged runs leave no spool
+    assert not [p for p in (cache / SPOOL_DIR).iterdir() if p.is_dir()]  # logged runs leave no spool
 
 
 def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path):
@@ -173,3 +174,18 @@ def test_compiled_blocks_run_eagerly_again_after_the_trial():
     with precision.compiled(True, owner) as n:
         assert n == 1 and owner.network[1][0]._compiled_call_impl is not None  # the block of the list, not the net
     assert owner.network[1][0]._compiled_call_impl is None
+
+
+def test_a_trial_run_twice_at_once_samples_into_a_private_spool(tmp_path, capsys):
+    trial = Trial("some-teacher", "some-method")
+    batch = Batch(torch.zeros(2, 3), torch.zeros(2, 1), Counter(nfe=2), 0.5)
+    with claim(tmp_path, trial, "v1") as first:
+        first.arm("method").write(0, batch)
+        with claim(tmp_path, trial, "v1") as second:  # another process would hold the same lock
+            assert second.folder != first.folder and not second.arm("method").has(0)
+        assert not second.folder.exists() and "private spool" in capsys.readouterr().err
+    assert first.arm("method").read(0).counters == Counter(nfe=2)  # kept: the trial can resume from it
+    assert "batches spooled per arm {'method': 1}" in resumable(tmp_path)[0]
+    with claim(tmp_path, trial, "v2") as third:  # drawn by another code version: never mixed in
+        assert not third.arm("method").has(0)
+    assert resumable(tmp_path) == []
