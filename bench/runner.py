@@ -10,8 +10,8 @@ runs reported to the tracker, as one MLflow run.
 """
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import hashlib
 import io
 import statistics
@@ -192,7 +192,7 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
         for name, method in arms.items():
             seconds: list[float] = []
             with stopwatch(device, seconds):
-                for _ in range(opts.warmup):
+                for _ in range(max(opts.warmup, trial.compile)):  # compilation never lands in a timed batch
                     with precision.autocast(device, trial.dtype):
                         method.sample(conds[: trial.batch_size], generator=warm)
             warmup[name] = seconds[0]

@@ -60,6 +60,10 @@ def cmd_run(args) -> int:
     if not world.main:  # rank 0 logs and prints the trial
         return 0
     print(format_result(p.trial.method, p.reference, metrics))
+    compiled = {k: v for k, v in metrics.items() if k.endswith("compile_seconds")}
+    if compiled:  # the warm-up compiles; the times above exclude it
+        print("compile (warm-up) seconds: " + ", ".join(f"{k.split('/')[0] if '/' in k else 'method'} {v:.1f}"
+                                                         for k, v in sorted(compiled.items())))
     print("\n" + _store_line(uri, args, args.experiment))
     return 0
 
