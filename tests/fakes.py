@@ -122,6 +122,21 @@ def tiny_gpt_teacher(seed=0, vocab=16, grid=(3, 4), cond_len=2, device="cpu"):
     return teacher
 
 
+class RegisteredTinyGPT:
+    """`tiny_gpt_teacher` on a 3 x 3 raster as a registry entry (a recipe key, `load` on a device), for the trials the
+    GPU check runs through the runner."""
+
+    family, modality, supports_cfg, ragged_cache = ar_token.FAMILY, "image", True, True
+
+    @classmethod
+    def key(cls):
+        return "gpu-check-gpt-v1".ljust(20, "0")
+
+    @classmethod
+    def load(cls, name, *, cache, device):
+        return tiny_gpt_teacher(grid=(3, 3), device=device)
+
+
 @dataclass
 class _ChainState:
     tokens: torch.Tensor  # (B, N, D) what each row has read

@@ -16,7 +16,7 @@ import torch
 from bench.cache import Cache
 from bench.registry import METHODS, METRICS
 from methods.base import OwnSampler
-from tests.fakes import (tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_gpt_teacher,
+from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_gpt_teacher,
                          tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_owt_teacher,
                          tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher,
                          tiny_var_teacher)
@@ -116,18 +116,7 @@ def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
     from bench.tracking import Tracker
     from bench.trial import Trial
 
-    class DeviceGPT:
-        family, modality, supports_cfg = tiny_gpt_teacher().family, "image", True
-
-        @classmethod
-        def key(cls):
-            return "gpu-check-gpt-v1".ljust(20, "0")
-
-        @classmethod
-        def load(cls, name, *, cache, device):
-            return tiny_gpt_teacher(grid=(3, 3), device=device)
-
-    monkeypatch.setitem(TEACHERS._entries, "gpu-check-gpt", DeviceGPT)
+    monkeypatch.setitem(TEACHERS._entries, "gpu-check-gpt", RegisteredTinyGPT)
     p = plan(Trial("gpu-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=3, device=str(DEVICE)))
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "gpu-check")
     m = run_trial(p, cache=Cache(tmp_path), tracker=tracker, opts=RunOptions(warmup=1, progress=False))

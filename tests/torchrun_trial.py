@@ -20,19 +20,7 @@ from bench.registry import TEACHERS  # noqa: E402
 from bench.runner import RunOptions, plan, run_trial  # noqa: E402
 from bench.tracking import NullTracker  # noqa: E402
 from bench.trial import Trial  # noqa: E402
-from tests.fakes import tiny_gpt_teacher  # noqa: E402
-
-
-class DeviceGPT:
-    family, modality, supports_cfg, ragged_cache = tiny_gpt_teacher().family, "image", True, True
-
-    @classmethod
-    def key(cls):
-        return "torchrun-check-gpt-v1".ljust(20, "0")
-
-    @classmethod
-    def load(cls, name, *, cache, device):
-        return tiny_gpt_teacher(grid=(3, 3), device=device)
+from tests.fakes import RegisteredTinyGPT  # noqa: E402
 
 
 class Recording(NullTracker):
@@ -65,7 +53,7 @@ class Recording(NullTracker):
 
 def main() -> None:
     device = os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda")
-    TEACHERS.register("torchrun-check-gpt", DeviceGPT)
+    TEACHERS.register("torchrun-check-gpt", RegisteredTinyGPT)
     p = plan(Trial("torchrun-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=6, batch_size=2,
                    device=device))
     world = distributed.init(p.trial.device)
