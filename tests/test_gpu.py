@@ -16,10 +16,10 @@ import torch
 from bench.cache import Cache
 from bench.registry import METHODS, METRICS
 from methods.base import OwnSampler
-from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_gpt_teacher,
-                         tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher, tiny_mdlm_owt_teacher,
-                         tiny_mdlm_teacher, tiny_official_dit_teacher, tiny_text_gpt_teacher,
-                         tiny_var_teacher)
+from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher,
+                         tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher,
+                         tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
+                         tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
 
 DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -31,7 +31,7 @@ FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teache
                       tiny_emu3_teacher, tiny_gpt2_folder_teacher],
          "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher, tiny_official_dit_teacher],
          "masked-diffusion-lm": [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],
-         "multiscale-vq": [tiny_var_teacher]}
+         "multiscale-vq": [tiny_var_teacher], "masked-ar": [tiny_masked_mar_teacher, tiny_official_mar_teacher]}
 TRANSFORMERS_FAKES = (tiny_hf_lm_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher, tiny_mdlm_owt_teacher)
 FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},
             "skip-n": {"n_pairs": 32},
