@@ -8,13 +8,13 @@ batch each. SJD's batches run every row with its own window, acceptance and roll
 ragged KV cache), finished rows leaving the batch; "NFE / sample" counts the passes each sample went through, "batch
 forwards / batch" the passes of a batch.
 
-Measured here (2-core CPU, another process busy on the other core; 128 samples, window 16):
+Measured here (2-core AMD EPYC, nothing else running; 128 samples, window 16):
 
 | batch | SJD samples/s | AR samples/s | SJD / AR | SJD NFE / sample | SJD batch forwards / batch |
 |---:|---:|---:|---:|---:|---:|
-| 1 | 29.15 | 29.37 | 0.99x | 29.7 | 29.7 |
-| 4 | 61.45 | 98.06 | 0.63x | 29.7 | 33.1 |
-| 16 | 96.69 | 276.03 | 0.35x | 29.6 | 36.6 |
+| 1 | 31.79 | 31.03 | 1.02x | 29.7 | 29.7 |
+| 4 | 58.48 | 86.28 | 0.68x | 29.7 | 33.1 |
+| 16 | 87.08 | 266.86 | 0.33x | 29.6 | 36.6 |
 
 Batching keeps SJD's 2.2x fewer passes per sample and doubles to triples its own throughput, but on a CPU a pass
 costs what its tokens cost: a batch of 16 windows of 16 is 256 tokens a pass against AR's 16, so AR gains more from
