@@ -16,6 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from bench import precision
+from bench.cli import main
 from bench.errors import UserError
 from bench.spool import SPOOL_DIR, Batch, claim, resumable
 from bench.timing import latency_stats
@@ -75,7 +76,7 @@ def _same(a, b) -> None:
     assert "nfe_per_sample" in untimed and untimed == {k: b.data.metrics[k] for k in untimed}
 
 
-def test_torchrun_two_ranks_equal_one_process(tmp_path):
+def test_torchrun_two_ranks_equal_one_process(tmp_path, tiny_recipe):
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump(SUITE))
     cache = tmp_path / "cache"
@@ -84,10 +85,8 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
     done = subprocess.run(_cli("suite", str(suite), "--tracking-uri", two, "--out", str(tmp_path / "r2"), *common,
                                nproc=2), env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    one = f"sqlite:///{tmp_path}/one.db"  # the same cache: the teachers and DD's student rank 0 trained
-    done = subprocess.run(_cli("suite", str(suite), "--tracking-uri", one, "--out", str(tmp_path / "r1"), *common),
-                          env=_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    one = f"sqlite:///{tmp_path}/one.db"  # in this process, from the same cache: what rank 0 trained
+    assert main(["suite", str(suite), "--tracking-uri", one, "--out", str(tmp_path / "r1"), *common]) == 0
 
     runs2, runs1 = _trial_runs(two, "ddp"), _trial_runs(one, "ddp")
     assert len(runs2) == len(SUITE["trials"]) and runs2.keys() == runs1.keys()
@@ -106,16 +105,11 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
     assert not [p for p in (cache / SPOOL_DIR).iterdir() if p.is_dir()]  # logged runs leave no spool
 
 
-def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path):
+def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_recipe, capsys):
     cache = tmp_path / "cache"
     trial = ["run", "--teacher", "digits-ar-c2i", "--method", "ar", "--n-samples", "400", "--batch-size", "4",
              "--metric", "fid", "--cache-dir", str(cache), "--no-progress", "--warmup", "0"]
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    # the teacher and the classifier first (a run of their own), so the kill lands while sampling
-    prepare = subprocess.run(_cli(*trial[:5], "--n-samples", "2", *trial[7:], "--tracking-uri",
-                                  f"sqlite:///{tmp_path}/prepare.db"), env=_env(), capture_output=True, text=True)
-    assert prepare.returncode == 0, prepare.stderr[-3000:]
-
     proc = subprocess.Popen(_cli(*trial, "--tracking-uri", store), env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     spooled = cache / SPOOL_DIR
@@ -128,12 +122,12 @@ def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path):
     proc.wait()
     assert [r.info.status for r in MlflowClient(store).search_runs(["1"])] == ["RUNNING"]
 
-    doctor = subprocess.run(_cli("doctor", "--tracking-uri", f"sqlite:///{tmp_path}/other.db", "--cache-dir",
-                                 str(cache)), env=_env(), capture_output=True, text=True)
-    assert "resumable: trial" in doctor.stdout and "ar on digits-ar-c2i" in doctor.stdout, doctor.stdout
+    # the rest in this process, with the same recipes and cache: what the killed process trained is loaded
+    assert main(["doctor", "--tracking-uri", f"sqlite:///{tmp_path}/other.db", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "resumable: trial" in out and "ar on digits-ar-c2i" in out, out
 
-    again = subprocess.run(_cli(*trial, "--tracking-uri", store), env=_env(), capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert main([*trial, "--tracking-uri", store]) == 0
     runs = MlflowClient(store).search_runs(["1"])
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]  # no RUNNING run left behind
     resumed = next(r for r in runs if r.info.status == "FINISHED")
@@ -141,8 +135,7 @@ def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path):
     assert 0 < int(resumed.data.tags["resumed_from"]) < 400 and resumed.data.tags["resumed_run"] == killed.info.run_id
 
     fresh = f"sqlite:///{tmp_path}/fresh.db"
-    whole = subprocess.run(_cli(*trial, "--tracking-uri", fresh), env=_env(), capture_output=True, text=True)
-    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert main([*trial, "--tracking-uri", fresh]) == 0
     uninterrupted = MlflowClient(fresh).search_runs(["1"])[0]
     assert "resumed_from" not in uninterrupted.data.tags
     _same(resumed, uninterrupted)
