@@ -13,6 +13,7 @@ from bench.cache import Cache
 from bench.spool import resumable
 from bench.tracking import Tracker
 
+
 def doctor(tracker: Tracker, cache: Cache) -> list[str]:
     return ([line for _, line in tracker.end_orphans()] + [f"cache: removed {line}" for line in cache.check()]
             + [f"resumable: {line}" for line in resumable(cache.root)])
