@@ -42,7 +42,8 @@ def median_seconds(fn, repeats: int, device: torch.device) -> float:
     return float(np.median(times))
 
 
-def latency_stats(batch_seconds: list[float], batch_sizes: list[int], ranks: list[int] | None = None) -> dict[str, float]:
+def latency_stats(batch_seconds: list[float], batch_sizes: list[int],
+                  ranks: list[int] | None = None) -> dict[str, float]:
     """An arm's speed from its batches' wall times. With several ranks (`ranks[i]` drew batch i, in parallel with the
     others): the per-sample and per-batch medians are the median of each rank's own median, the throughput is the
     ranks' throughputs summed (`samples_per_sec`) and each rank's (`samples_per_sec_rank<r>`); p90s pool every batch."""

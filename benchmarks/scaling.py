@@ -59,15 +59,17 @@ def main() -> None:
                         "--n-samples", "1", "--no-progress", "--tracking-uri", store, "--cache-dir",
                         str(tmp / "cache"), "--experiment", "prepare"], check=True, stdout=subprocess.DEVNULL)
         results = {ranks: run(ranks, args, tmp, store) for ranks in (1, 2)}
-    print(f"{args.method} on {args.teacher}: {args.n_samples} samples in batches of {args.batch_size}, 1 thread per rank")
+    print(f"{args.method} on {args.teacher}: {args.n_samples} samples in batches of {args.batch_size}, "
+          f"1 thread per rank")
     print("| ranks | method samples/s | ref samples/s | command wall s |")
     print("|---:|---:|---:|---:|")
     for ranks, (wall, r) in results.items():
         m = r.data.metrics
         print(f"| {ranks} | {m['samples_per_sec']:.1f} | {m['ref/samples_per_sec']:.1f} | {wall:.1f} |")
     (w1, r1), (w2, r2) = results[1], results[2]
-    print(f"scaling 2 vs 1 rank: method {r2.data.metrics['samples_per_sec'] / r1.data.metrics['samples_per_sec']:.2f}x, "
-          f"ref {r2.data.metrics['ref/samples_per_sec'] / r1.data.metrics['ref/samples_per_sec']:.2f}x, "
+    m1, m2 = r1.data.metrics, r2.data.metrics
+    print(f"scaling 2 vs 1 rank: method {m2['samples_per_sec'] / m1['samples_per_sec']:.2f}x, "
+          f"ref {m2['ref/samples_per_sec'] / m1['ref/samples_per_sec']:.2f}x, "
           f"whole command {w1 / w2:.2f}x")
     same = all(r1.data.tags[k] == r2.data.tags[k] for k in r1.data.tags if k.startswith("samples_sha256."))
     print(f"same samples on 1 and 2 ranks: {same}")
