@@ -6,7 +6,10 @@ takes a callable returning any (model, processor) pair shaped like Hugging Face'
 adapters below give it an open_clip model from `metrics.clip_models`:
 - `clip`: the small CLIP trained on the teacher's dataset, key "clip.<dataset>-clip";
 - `clip@<arch>` (e.g. `clip@ViT-B-16`, the SJD paper's CLIP): an open_clip architecture with the weights of the local
-  checkpoint named by `ACCELBENCH_CLIP_CHECKPOINT`, key "clip.<arch>".
+  checkpoint named by `ACCELBENCH_CLIP_CHECKPOINT`, key "clip.<arch>";
+- `clip@hf:<folder>` (e.g. `clip@hf:clip-vit-base-patch16`, the CLIP of SJD's released evaluation): a transformers
+  `CLIPModel` and `CLIPProcessor` saved in a local folder (a path, or a name under `--checkpoints`), scored with SJD's
+  preprocessing (8 bits, bilinear resize to 299), key "clip.hf-<folder's name>" (`metrics.clip_hf`).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScor
 
 from bench.cache import Cache
 from bench.errors import UserError
+from metrics import clip_hf
 from metrics.base import TORCHMETRICS_LOCAL, Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip
 
@@ -59,14 +63,16 @@ class HFProcessorAdapter:
 
 
 class CLIPScore(Metric):
-    """CLIP score of images against their prompts (torchmetrics' CLIPScore on an offline open_clip model)."""
+    """CLIP score of images against their prompts (torchmetrics' CLIPScore; clip@<open_clip arch>, clip@hf:<folder>)."""
 
     name = "clip"
     higher_is_better = True
 
     @classmethod
     def check(cls, extractor: str | None) -> None:
-        if extractor is not None:
+        if extractor is not None and clip_hf.is_folder_name(extractor):
+            clip_hf.check(extractor)
+        elif extractor is not None:
             cls._checkpoint(extractor)
         return None
 
@@ -74,28 +80,41 @@ class CLIPScore(Metric):
     def check_teacher(cls, teacher: str, teacher_cls, extractor: str | None) -> None:
         if extractor is None and not cls.has_dataset(teacher_cls):
             raise UserError(f"metric clip is the small CLIP trained on the teacher's dataset; teacher {teacher!r} "
-                            f"has none here: use clip@<arch> with a local open_clip checkpoint ({CHECKPOINT_ENV})")
+                            f"has none here: use clip@<arch> with a local open_clip checkpoint ({CHECKPOINT_ENV}) "
+                            f"or clip@hf:<folder> with a local transformers CLIP folder")
 
     @classmethod
     def _checkpoint(cls, arch: str) -> Path:
-        check_arch(cls.name, arch)
+        if arch.startswith(clip_hf.PREFIX):  # "hf:" alone
+            raise UserError(f"{cls.name}@{arch}: name the folder, clip@hf:<folder> (a path or a name under "
+                            f"--checkpoints), or an open_clip architecture, clip@<arch>")
+        try:
+            check_arch(cls.name, arch)
+        except UserError as e:  # the other kind of choice
+            raise UserError(f"{e}, or a transformers CLIP folder: clip@hf:<folder>") from None
         return checkpoint_file(f"{cls.name}@{arch}", CHECKPOINT_ENV, arch, CHECKPOINT_EXAMPLE)
 
     def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device)
-        if extractor is None:
-            self.clip = load_small_clip(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
+        self._prepare = lambda images: images  # what torchmetrics receives of the generated images
+        if extractor is not None and clip_hf.is_folder_name(extractor):
+            self.clip = clip_hf.load(extractor, device=device)
+            adapters = self.clip.model, self.clip.processor
+            self._prepare = self.clip.prepare  # SJD's: 8 bits, bilinear resize to 299x299
         else:
-            self.clip = load_open_clip(extractor, self._checkpoint(extractor), device=device)
+            if extractor is None:
+                self.clip = load_small_clip(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
+            else:
+                self.clip = load_open_clip(extractor, self._checkpoint(extractor), device=device)
+            adapters = HFModelAdapter(self.clip), HFProcessorAdapter(self.clip)
         self.extractor = self.clip.name
-        adapters = HFModelAdapter(self.clip), HFProcessorAdapter(self.clip)
         self._score = TorchmetricsCLIPScore(model_name_or_path=lambda: adapters, **TORCHMETRICS_LOCAL).to(device)
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
         captions = self.teacher.captions(cond)
         for start in range(0, len(images), self.clip.batch):  # torchmetrics embeds whatever it gets in one pass
             stop = start + self.clip.batch
-            self._score.update(images[start:stop].to(self.device), captions[start:stop])
+            self._score.update(self._prepare(images[start:stop]).to(self.device), captions[start:stop])
 
     def compute(self, seed: int = 0) -> dict[str, float]:
         if self._score.n_samples == 0:  # torchmetrics would only warn, and return 0 / 0
