@@ -57,6 +57,22 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` at `path`, atomically (a temp file in the same folder, synced, renamed into place): a process killed at
+    any point leaves the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class CorruptEntry(Exception):
     """A cache file that is not a complete, matching entry."""
 
@@ -158,27 +174,13 @@ class Cache:
             print(f"accelbench: model zoo entry {kind}/{key} is unusable ({exc}); building it instead", file=sys.stderr)
             return None
         if obj is not None:
-            self._write(self.path(kind, key), data)
+            write_atomically(self.path(kind, key), data)
         return obj
 
     def save(self, kind: str, key: str, obj: Any) -> Path:
         path = self.path(kind, key)
-        self._write(path, encode(kind, key, obj))
+        write_atomically(path, encode(kind, key, obj))
         return path
-
-    def _write(self, path: Path, data: bytes) -> None:
-        """`data` at `path`, atomically (a temp file in the same folder, renamed into place)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     @contextlib.contextmanager
     def lock(self, kind: str, key: str, wait: bool = True) -> Iterator[bool]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import torch
 import yaml
+
+from bench.cache import write_atomically
 
 SPOOL_DIR = ".spool"
 
@@ -48,13 +51,15 @@ class ArmSpool:
         return self._path(i).is_file()
 
     def write(self, i: int, batch: Batch) -> None:
-        tmp = self.folder / f".{i:07d}.{os.getpid()}.tmp"
+        buf = io.BytesIO()
         torch.save({"data": batch.data.cpu(), "cond": batch.cond.cpu(), "counters": dict(batch.counters),
-                    "seconds": batch.seconds}, tmp)
-        os.replace(tmp, self._path(i))
+                    "seconds": batch.seconds}, buf)
+        write_atomically(self._path(i), buf.getvalue())
 
     def read(self, i: int) -> Batch:
-        d = torch.load(self._path(i))
+        """Batch i; its tensors are memory-mapped, read from disk only when used (the runner reads every batch's
+        counters and time first, and its samples later, a chunk at a time)."""
+        d = torch.load(self._path(i), mmap=True)
         return Batch(d["data"], d["cond"], Counter(d["counters"]), d["seconds"])
 
     def chunks(self, n_batches: int, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -113,7 +118,7 @@ def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
         spool = TrialSpool(folder)
         if not (folder / "meta.json").is_file():
             (folder / "trial.yaml").write_text(trial.to_yaml())
-            _write_json(folder / "meta.json", meta)
+            write_atomically(folder / "meta.json", json.dumps(meta, sort_keys=True).encode())
         try:
             yield spool
         finally:
@@ -127,12 +132,6 @@ def _read_json(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def resumable(root: Path) -> list[str]:

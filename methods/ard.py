@@ -1,7 +1,7 @@
 """`ard`: Autoregressive Distillation of a diffusion transformer (Kim et al., arXiv:2504.11295), with its baselines
 `step-distill` (N = 0, mask M1: the same code path) and `kd` (S = 1).
 
-Pipeline (shared/notes/ard_autoregressive_distillation_dit.md 1.2-1.4):
+Pipeline (the paper's Sec. 3 and App. B, and the released train_ARD.py / sample_ARD.py):
 1. trajectories: the teacher's DDIM (eta = 0) with K steps and CFG from balanced classes, all K + 1 states and the K
    x_0-predictions kept, cached by (teacher, K, CFG, count, seed); the S + 1 knots are picked from them: `uniform`
    (the paper's tau_s = T s / S, the DDIM states nearest to it) or `released` (the released code's states, S = 2 or

@@ -1,5 +1,5 @@
-"""ARD's optional discriminator fine-tune, R+D (Kim et al., arXiv:2504.11295, App. B.1; shared/notes/
-ard_autoregressive_distillation_dit.md 1.5).
+"""ARD's optional discriminator fine-tune, R+D (Kim et al., arXiv:2504.11295, App. B.1; the released
+train_ARD_gan.py).
 
 The frozen teacher DiT is the feature extractor: one discriminator head per teacher block reads that block's tokens
 and gives token-wise logits (a small spectrally normalised MLP here; the released code's heads are 1-D convolutions

@@ -1,4 +1,4 @@
-"""The ARD student (Kim et al., arXiv:2504.11295, Sec. 3.2; shared/notes/ard_autoregressive_distillation_dit.md 1.3):
+"""The ARD student (Kim et al., arXiv:2504.11295, Sec. 3.2; the released models_ARD.py):
 a copy of the teacher DiT that predicts the next point of the teacher's ODE trajectory from the whole history.
 
 The S inputs x_{tau_S} (noise), x_{tau_{S-1}}, .. go through the teacher's shared patch embedding and positions; each

@@ -4,8 +4,8 @@ A training-free, distribution-preserving Jacobi loop for AR-token models (image 
 pass feeds the pending token plus W-1 drafts; a draft is accepted with probability min(1, p/q) (Eq. 1), the first
 rejected position is resampled from the residual max(0, p - q) (Eq. 2), later positions are refined with this pass's
 samples (Eq. 3) and become the next drafts, the window is refilled by an initialisation scheme, and the KV cache is
-rolled back to the committed prefix. Semantics follow the note (shared/notes/sjd_speculative_jacobi_decoding.md
-§1.5-1.6): the window includes the pending token, a full accept adds a bonus token, fresh drafts carry a one-hot draft
+rolled back to the committed prefix. Semantics follow the released code
+(tyshiwo1/Accelerating-T2I-AR-with-SJD): the window includes the pending token, a full accept adds a bonus token, fresh drafts carry a one-hot draft
 distribution.
 
 The same loop with the exact-match criterion is Jacobi decoding (`methods/jacobi.py`).

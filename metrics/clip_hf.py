@@ -32,13 +32,11 @@ from bench import files
 from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
 from bench.errors import UserError
 from metrics.inception import to_uint8
-from teachers.pretrained.hf_folder import PREFIX, folder, is_folder_name
+from teachers.pretrained.hf_folder import PREFIX, folder
 
 SJD_SIZE = 299  # SJD resizes its 8-bit images to 299x299 before CLIPScore (evaluation_metrics.py:235-236)
 BATCH = 16  # images per torchmetrics update (SJD: 1; a batch changes only float rounding)
 REQUIRED = ("config.json", "tokenizer_config.json")  # written by save_pretrained for the model and the processor
-
-__all__ = ["is_folder_name", "check", "load", "HFCLIP", "FeaturesOf", "sjd_preprocess"]
 
 
 def key_name(name: str) -> str:
@@ -95,8 +93,8 @@ class HFCLIP:
 
     batch = BATCH
 
-    def __init__(self, name: str, model: nn.Module, processor, path: Path):
-        self.name, self.processor, self.path = key_name(name), processor, path
+    def __init__(self, name: str, model: nn.Module, processor):
+        self.name, self.processor = key_name(name), processor
         self.model = FeaturesOf(model.eval().requires_grad_(False))
 
     @staticmethod
@@ -115,4 +113,4 @@ def load(name: str, *, device: torch.device) -> HFCLIP:
         model = CLIPModel.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device)
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil", local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return HFCLIP(name, model, CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer), path)
+    return HFCLIP(name, model, CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer))

@@ -25,6 +25,7 @@ from bench.errors import UserError
 from metrics import clip_hf
 from metrics.base import TORCHMETRICS_LOCAL, Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip
+from teachers.pretrained.hf_folder import PREFIX, is_folder_name
 
 CHECKPOINT_ENV = "ACCELBENCH_CLIP_CHECKPOINT"
 CHECKPOINT_EXAMPLE = "open_clip_checkpoint.pt"
@@ -70,7 +71,7 @@ class CLIPScore(Metric):
 
     @classmethod
     def check(cls, extractor: str | None) -> None:
-        if extractor is not None and clip_hf.is_folder_name(extractor):
+        if extractor is not None and is_folder_name(extractor):
             clip_hf.check(extractor)
         elif extractor is not None:
             cls._checkpoint(extractor)
@@ -85,7 +86,7 @@ class CLIPScore(Metric):
 
     @classmethod
     def _checkpoint(cls, arch: str) -> Path:
-        if arch.startswith(clip_hf.PREFIX):  # "hf:" alone
+        if arch.startswith(PREFIX):  # "hf:" alone
             raise UserError(f"{cls.name}@{arch}: name the folder, clip@hf:<folder> (a path or a name under "
                             f"--checkpoints), or an open_clip architecture, clip@<arch>")
         try:
@@ -97,7 +98,7 @@ class CLIPScore(Metric):
     def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
         super().__init__(teacher, cache=cache, device=device)
         self._prepare = lambda images: images  # what torchmetrics receives of the generated images
-        if extractor is not None and clip_hf.is_folder_name(extractor):
+        if extractor is not None and is_folder_name(extractor):
             self.clip = clip_hf.load(extractor, device=device)
             adapters = self.clip.model, self.clip.processor
             self._prepare = self.clip.prepare  # SJD's: 8 bits, bilinear resize to 299x299
