@@ -182,3 +182,25 @@ def test_a_trial_run_twice_at_once_samples_into_a_private_spool(tmp_path, capsys
     with claim(tmp_path, trial, "v2") as third:  # drawn by another code version: never mixed in
         assert not third.arm("method").has(0)
     assert resumable(tmp_path) == []
+
+
+def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
+    from bench.cli import build_parser, options
+    from bench.cli.trials import _trial_from_args
+    from bench.suite import load_suite
+
+    parser = build_parser()
+    args = parser.parse_args(["run", "--teacher", "t", "--method", "m", "--dtype", "bf16", "--tf32", "on", "--compile"])
+    trial = _trial_from_args(args)
+    assert (trial.dtype, trial.tf32, trial.compile) == ("bf16", True, True)
+    defaults = _trial_from_args(parser.parse_args(["run", "--teacher", "t", "--method", "m"]))
+    assert (defaults.dtype, defaults.tf32, defaults.compile) == ("fp32", False, False)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": "e", "defaults": {"dtype": "bf16"}, "trials": [
+        {"teacher": "digits-dit-c2i", "method": "ddim"}, {"teacher": "digits-dit-c2i", "method": "ddim", "tf32": True}]}))
+    kept = options.numerics(parser.parse_args(["suite", str(suite)]))
+    assert kept == {} and [p.trial.dtype for p in load_suite(str(suite), numerics=kept).plans] == ["bf16", "bf16"]
+    forced = options.numerics(parser.parse_args(["suite", str(suite), "--dtype", "fp32", "--no-compile"]))
+    plans = load_suite(str(suite), numerics=forced).plans
+    assert [(p.trial.dtype, p.trial.tf32, p.trial.compile) for p in plans] == [("fp32", False, False),
+                                                                                ("fp32", True, False)]
