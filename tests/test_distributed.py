@@ -197,7 +197,8 @@ def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
     assert (defaults.dtype, defaults.tf32, defaults.compile) == ("fp32", False, False)
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({"experiment": "e", "defaults": {"dtype": "bf16"}, "trials": [
-        {"teacher": "digits-dit-c2i", "method": "ddim"}, {"teacher": "digits-dit-c2i", "method": "ddim", "tf32": True}]}))
+        {"teacher": "digits-dit-c2i", "method": "ddim"},
+        {"teacher": "digits-dit-c2i", "method": "ddim", "tf32": True}]}))
     kept = options.numerics(parser.parse_args(["suite", str(suite)]))
     assert kept == {} and [p.trial.dtype for p in load_suite(str(suite), numerics=kept).plans] == ["bf16", "bf16"]
     forced = options.numerics(parser.parse_args(["suite", str(suite), "--dtype", "fp32", "--no-compile"]))
