@@ -59,7 +59,7 @@ def test_sampling_distributions_equal_transformers_generate_with_the_official_pr
     hf_tokens, hf_probs = [], []
     for i in picks:
         ids = proc(text=EMU3_PROMPTS[i] + POSITIVE_SUFFIX, **kwargs).input_ids
-        assert ids[0].tolist() == teacher._prompt_ids[i]
+        assert ids[0].tolist() == teacher.prompt_ids[i]
         out = model.generate(ids, do_sample=True, top_k=TOP_K, max_new_tokens=teacher.seq_len,
                              output_scores=True, return_dict_in_generate=True,
                              logits_processor=LogitsProcessorList([
@@ -67,7 +67,7 @@ def test_sampling_distributions_equal_transformers_generate_with_the_official_pr
                                  PrefixConstrainedLogitsProcessor(official_prefix_rule(teacher, wrapper), 1)]))
         hf_tokens.append(out.sequences[0, ids.shape[1] :])
         hf_probs.append(torch.softmax(torch.stack(out.scores, 1)[0].float(), -1))  # (N, V)
-    assert len(set(map(len, (teacher._prompt_ids[i] for i in picks)))) == 2
+    assert len(set(map(len, (teacher.prompt_ids[i] for i in picks)))) == 2
     tokens = torch.stack(hf_tokens)  # (2, N): generate stopped at EOS, the last forced token
     assert tokens.shape[1] == teacher.seq_len and (tokens[:, -1] == proc.tokenizer.eos_token_id).all()
     state, first = teacher.start(torch.tensor([[i] for i in picks]), cfg=CFG)
@@ -83,7 +83,7 @@ def test_rollback_equals_a_fresh_decode(teacher):
     state, _ = teacher.start(cond, cfg=CFG)
     committed = []
     while len(committed) < teacher.seq_len - 3:
-        window = torch.randint(teacher._visual.nonzero().min().item(), teacher.vocab_size, (1, 3), generator=g)
+        window = torch.randint(teacher.image_tokens.nonzero().min().item(), teacher.vocab_size, (1, 3), generator=g)
         teacher.extend(state, window)
         committed += window[0, : torch.randint(1, 4, (1,), generator=g).item()].tolist()
         teacher.rollback(state, len(committed))

@@ -26,17 +26,16 @@ The forced positions have one allowed token, so SJD accepts their drafts or repl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
 from bench.errors import UserError
 from bench.training import library_bars
-from teachers.data.prompts import missing_prompts, prompt_file, read_prompts
-from teachers.families import ar_token
+from teachers.data.prompts import missing_prompts, read_prompts
+from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"
 REQUIRED = ("config.json", "tokenizer_config.json", "processor_config.json")
@@ -47,23 +46,9 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
 VERSION = 1  # bump when a change alters what the same files give
 
 
-@dataclass
-class Emu3State:
-    cache: Any  # transformers.DynamicCache over [left-padded prompt, generated tokens]
-    mask: torch.Tensor  # (R, P + length) attention mask: R = batch, or 2 batch with the negative prompt's rows
-    batch: int
-    cfg: float
-    prompt_len: int  # P, the padded prompt length
-
-    @property
-    def length(self) -> int:
-        """Generated tokens whose keys/values are cached."""
-        return self.cache.get_seq_length() - self.prompt_len
-
-
 def structure(height: int, width: int, n: int, ids: dict[str, int]) -> list[int]:
-    """The token forced at each of the output positions 0 .. n-1, or -1 where any visual token may come: the rule of
-    `Emu3PrefixConstrainedLogitsHelper`, in its order (the EOL test first), for offsets 1 .. n."""
+    """The token forced at each of the output positions 0 .. n-1, or `ANY_IMAGE_TOKEN` where any visual token may
+    come: the rule of `Emu3PrefixConstrainedLogitsHelper`, in its order (the EOL test first), for offsets 1 .. n."""
     out, rows = [], (width + 1) * height
     for offset in range(1, n + 1):
         if offset % (width + 1) == 0:
@@ -71,18 +56,13 @@ def structure(height: int, width: int, n: int, ids: dict[str, int]) -> list[int]
         elif offset > rows:
             out.append({1: ids["eof"], 2: ids["eoi"], 3: ids["eos"]}.get(offset - rows, ids["pad"]))
         else:
-            out.append(-1)
+            out.append(ANY_IMAGE_TOKEN)
     return out
 
 
-class Emu3Gen:
+class Emu3Gen(PromptedImageTeacher):
     """Emu3-Gen (8.5 B) via transformers, 720 x 720 px (90 x 90 VQ tokens, each row ending with EOL), text prompts."""
 
-    family: ClassVar = ar_token.FAMILY
-    modality: ClassVar[str] = "image"
-    supports_cfg: ClassVar[bool] = True  # guided by the negative prompt
-    # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
-    ragged_cache: ClassVar[bool] = False
     folder: ClassVar[str] = FOLDER
     ratio: ClassVar[str] = "1:1"  # width:height
     image_area: ClassVar[int] = 518400  # 720^2, the processor's and the official config's default
@@ -102,11 +82,11 @@ class Emu3Gen:
                "eoi": tok.convert_tokens_to_ids(processor.image_end_token), "eos": tok.eos_token_id, "pad": self.pad_id}
         device = model.device
         # position n (a pass may predict one past the end) is beyond the image: pad, as the official rule says
-        self._forced = torch.tensor(structure(self.height, self.width, self.seq_len + 1, ids), device=device)
-        self._visual = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
-        self._visual[vocab.image_tokens] = True
-        self._prompt_ids = [self._encode(p + POSITIVE_SUFFIX) for p in prompts]
-        self._negative_ids = self._encode(NEGATIVE_PROMPT)
+        self.forced = torch.tensor(structure(self.height, self.width, self.seq_len + 1, ids), device=device)
+        self.image_tokens = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+        self.image_tokens[vocab.image_tokens] = True
+        self.prompt_ids = [self._encode(p + POSITIVE_SUFFIX) for p in prompts]
+        self.unconditional_prompt = self._encode(NEGATIVE_PROMPT)
 
     def _encode(self, text: str) -> list[int]:
         enc = self.processor(text=text, return_for_image_generation=True, ratio=self.ratio,
@@ -117,10 +97,6 @@ class Emu3Gen:
     @classmethod
     def path(cls) -> Path:
         return checkpoint_dir() / cls.folder
-
-    @classmethod
-    def prompt_path(cls) -> Path:
-        return prompt_file()
 
     @classmethod
     def files(cls) -> tuple[Path, ...]:
@@ -139,15 +115,13 @@ class Emu3Gen:
 
     @classmethod
     def key(cls) -> str:
-        folder = cls.path()
-        files = sorted(folder.iterdir()) if folder.is_dir() else [folder]
-        return config_key("emu3-gen", [file_key(p) for p in files], file_key(cls.prompt_path()), cls.ratio,
+        return config_key("emu3-gen", cls.folder_keys(cls.path()), file_key(cls.prompt_path()), cls.ratio,
                           cls.image_area, POSITIVE_SUFFIX, NEGATIVE_PROMPT, VERSION)
 
     @classmethod
     def evaluation_data(cls) -> tuple[str, dict]:
-        path = cls.prompt_path()
-        return f"prompts-{path.stem}", {"file": str(path), "ratio": cls.ratio, "image_area": cls.image_area}
+        name, data = super().evaluation_data()
+        return name, {**data, "ratio": cls.ratio, "image_area": cls.image_area}
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "Emu3Gen":
@@ -164,63 +138,9 @@ class Emu3Gen:
         info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
         return cls(name, model, processor, prompts, info)
 
-    # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
-    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """(n, 1) prompt indices: a random order of the prompts (each once while n <= their number; then again)."""
-        m = len(self.prompts)
-        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device)
-                           for _ in range(-(-n // m))])
-        return order[:n, None]
-
-    def captions(self, cond: torch.Tensor) -> list[str]:
-        return [self.prompts[i] for i in cond[:, 0].tolist()]
-
-    @torch.inference_mode()
-    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[Emu3State, torch.Tensor]:
-        from transformers import DynamicCache
-
-        rows = [self._prompt_ids[i] for i in cond[:, 0].tolist()]
-        if cfg != 1.0:
-            rows += [self._negative_ids] * len(rows)
-        P, device = max(map(len, rows)), cond.device
-        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros(len(rows), P, dtype=torch.long, device=device)
-        for r, row in enumerate(rows):  # left padding: every row's last prompt token is at P - 1
-            ids[r, P - len(row) :] = torch.tensor(row, device=device)
-            mask[r, P - len(row) :] = 1
-        state = Emu3State(DynamicCache(), mask, len(cond), cfg, P)
-        logits = self._forward(state, ids)[:, -1]  # (R, V)
-        return state, self._constrain(ar_token.guide(state, logits)[:, None], 0)[:, 0]
-
-    @torch.inference_mode()
-    def extend(self, state: Emu3State, tokens: torch.Tensor) -> torch.Tensor:
-        first = state.length + 1  # the output position the first row of logits predicts
-        rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
-        state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
-        return self._constrain(ar_token.guide(state, self._forward(state, rows)), first)  # (B, L, V)
-
-    def rollback(self, state: Emu3State, length: int) -> None:
-        if not 0 <= length <= state.length:
-            raise ValueError(f"cannot roll a cache of {state.length} generated tokens back to {length}")
-        if length < state.length:
-            state.cache.crop(length - state.length)  # a negative count removes that many positions
-        state.mask = state.mask[:, : state.prompt_len + length]
-
-    def _forward(self, state: Emu3State, ids: torch.Tensor) -> torch.Tensor:  # (R, L) -> (R, L, V) float32
-        # positions as transformers' `generate` counts them: from each row's first unmasked token
-        positions = (state.mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        out = self.model(input_ids=ids, attention_mask=state.mask, position_ids=positions,
-                         past_key_values=state.cache, use_cache=True)
-        return out.logits.float()
-
-    def _constrain(self, logits: torch.Tensor, first: int) -> torch.Tensor:
-        """(B, L, V) logits of output positions first .. first+L-1 -> the same with every token the image structure
-        forbids at -inf."""
-        L = logits.shape[1]
-        forced = self._forced[torch.arange(first, first + L, device=logits.device).clamp(max=self.seq_len)]  # (L,)
-        one = torch.nn.functional.one_hot(forced.clamp(min=0), self.vocab_size).bool()  # (L, V)
-        allowed = torch.where((forced < 0)[:, None], self._visual, one)
-        return logits.masked_fill(~allowed, float("-inf"))
+    # ---- the ARTokenTeacher protocol (the rest: `PromptedImageTeacher`) -------------------------------------------
+    def _logits(self, **inputs) -> torch.Tensor:
+        return self.model(**inputs).logits.float()
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) structured output -> (B, 3, 8H, 8W) in [0, 1]
@@ -231,4 +151,3 @@ class Emu3Gen:
             std = torch.tensor(p.image_std, device=images.device)[:, None, None]
             images = images.float() * std + mean
         return images.float().clamp(0, 1)
-

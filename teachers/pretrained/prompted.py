@@ -1,0 +1,142 @@
+"""What the text-to-image teachers over a Hugging Face causal model share (Emu3-Gen, `teachers.pretrained.emu3`;
+Lumina-mGPT and Anole, `teachers.pretrained.chameleon`): prompts read from a local file, CFG rows batched with the
+prompts' rows, and an image written as a structured token sequence whose fixed positions (row ends, image start and
+end, size tokens) are forced.
+
+Every row of a batch is left-padded to the longest prompt, with an attention mask and positions counted from the row's
+first unmasked token, as transformers' `generate` counts them. The unconditional branch of CFG is one more row per
+image whose prompt is the teacher's `unconditional_prompt`: Emu3's negative prompt, or nothing at all (Lumina-mGPT's
+branch starts at the image-start token, position 0). Guidance is u + s (c - u) on raw logits (`ar_token.guide`); the
+structure then masks the guided logits before temperature and top-k (`ar_token.process`), the order of the official
+processor lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from bench.cache import file_key
+from teachers.data.prompts import prompt_file
+from teachers.families import ar_token
+
+ANY_IMAGE_TOKEN = -1  # in a structure: any of the teacher's image tokens may come here
+
+
+@dataclass
+class PromptedState:
+    cache: Any  # transformers.DynamicCache over [left-padded prompt, generated tokens]
+    mask: torch.Tensor  # (R, P + length) attention mask: R = batch, or 2 batch with the unconditional rows
+    batch: int
+    cfg: float
+    prompt_len: int  # P, the padded prompt length
+
+    @property
+    def length(self) -> int:
+        """Generated tokens whose keys/values are cached."""
+        return self.cache.get_seq_length() - self.prompt_len
+
+
+class PromptedImageTeacher:
+    """The AR-token protocol over a causal model, given in `__init__` of a subclass: `model`, `prompts`,
+    `prompt_ids` (the token ids of each prompt), `unconditional_prompt` (ids), `pad_id`, `vocab_size`, `seq_len`,
+    and `forced` (seq_len + 1,) with the token forced at each output position or `ANY_IMAGE_TOKEN` (position seq_len,
+    one past the end, is what a window's last row predicts), and `image_tokens` (V,) bool. A subclass gives
+    `_logits` (the float32 logits of a forward pass) and `decode`."""
+
+    family: ClassVar = ar_token.FAMILY
+    modality: ClassVar[str] = "image"
+    supports_cfg: ClassVar[bool] = True
+    # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
+    ragged_cache: ClassVar[bool] = False
+
+    model: Any
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    unconditional_prompt: list[int]
+    pad_id: int
+    vocab_size: int
+    seq_len: int
+    forced: torch.Tensor
+    image_tokens: torch.Tensor
+
+    # ---- files ------------------------------------------------------------------------------------------------
+    @classmethod
+    def prompt_path(cls) -> Path:
+        return prompt_file()
+
+    @staticmethod
+    def folder_keys(folder: Path) -> list[str]:
+        """The content key of every file of a Hugging Face folder (its own key if it is not one)."""
+        return [file_key(p) for p in (sorted(folder.iterdir()) if folder.is_dir() else [folder])]
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        path = cls.prompt_path()
+        return f"prompts-{path.stem}", {"file": str(path)}
+
+    # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n, 1) prompt indices: a random order of the prompts (each once while n <= their number; then again)."""
+        m = len(self.prompts)
+        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device)
+                           for _ in range(-(-n // m))])
+        return order[:n, None]
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        return [self.prompts[i] for i in cond[:, 0].tolist()]
+
+    @torch.inference_mode()
+    def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[PromptedState, torch.Tensor]:
+        from transformers import DynamicCache
+
+        rows = [self.prompt_ids[i] for i in cond[:, 0].tolist()]
+        if cfg != 1.0:
+            rows += [self.unconditional_prompt] * len(rows)
+        P, device = max(map(len, rows)), cond.device
+        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros(len(rows), P, dtype=torch.long, device=device)
+        for r, row in enumerate(rows):  # left padding: every row's last prompt token is at P - 1
+            if row:
+                ids[r, P - len(row) :] = torch.tensor(row, device=device)
+                mask[r, P - len(row) :] = 1
+        state = PromptedState(DynamicCache(), mask, len(cond), cfg, P)
+        logits = self._forward(state, ids)[:, -1]  # (R, V)
+        return state, self._constrain(ar_token.guide(state, logits)[:, None], 0)[:, 0]
+
+    @torch.inference_mode()
+    def extend(self, state: PromptedState, tokens: torch.Tensor) -> torch.Tensor:
+        first = state.length + 1  # the output position the first row of logits predicts
+        rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
+        state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
+        return self._constrain(ar_token.guide(state, self._forward(state, rows)), first)  # (B, L, V)
+
+    def rollback(self, state: PromptedState, length: int) -> None:
+        if not 0 <= length <= state.length:
+            raise ValueError(f"cannot roll a cache of {state.length} generated tokens back to {length}")
+        if length < state.length:
+            state.cache.crop(length - state.length)  # a negative count removes that many positions
+        state.mask = state.mask[:, : state.prompt_len + length]
+
+    def _forward(self, state: PromptedState, ids: torch.Tensor) -> torch.Tensor:  # (R, L) -> (R, L, V) float32
+        # positions as transformers' `generate` counts them: from each row's first unmasked token
+        positions = (state.mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        return self._logits(input_ids=ids, attention_mask=state.mask, position_ids=positions,
+                            past_key_values=state.cache, use_cache=True)
+
+    def _logits(self, **inputs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _constrain(self, logits: torch.Tensor, first: int) -> torch.Tensor:
+        """(B, L, V) logits of output positions first .. first+L-1 -> the same with every token the image structure
+        forbids at -inf. A forced position gets 0 at its token whatever the logits were, as the official processors
+        write it: a row whose prompt is all masked (the unconditional branch's prefill) may carry any value there."""
+        L = logits.shape[1]
+        forced = self.forced[torch.arange(first, first + L, device=logits.device).clamp(max=self.seq_len)]  # (L,)
+        free = (forced == ANY_IMAGE_TOKEN)[:, None]  # (L, 1)
+        one = torch.nn.functional.one_hot(forced.clamp(min=0), self.vocab_size).bool()  # (L, V)
+        inf = torch.tensor(float("-inf"), device=logits.device)
+        return torch.where(free, logits.masked_fill(~self.image_tokens, float("-inf")),
+                           torch.where(one, torch.zeros((), device=logits.device), inf))
