@@ -1,5 +1,5 @@
 """Registry plugin for tests that start worker processes: instant teachers over the enumerable table model, and the
-official DiT, LlamaGen, Emu3, VAR and MAR loaders on tiny files.
+official DiT, LlamaGen, Emu3, Lumina-mGPT, Anole, VAR and MAR loaders on tiny files.
 
 Loaded with ACCELBENCH_PLUGINS=tests.plugins, so subprocesses see the same entries as the test.
 """
@@ -9,10 +9,13 @@ from pathlib import Path
 
 from bench.registry import TEACHERS
 from tests.fakes import TableAR, TinyEmu3, TinyLlamaGen, TinyOfficialDiT, TinyOfficialMAR, TinyVAR
+from tests.fakes_chameleon import TinyAnole, TinyLumina
 
 TEACHERS.register("tiny-official-dit", TinyOfficialDiT)  # the official loaders on tiny random-weight files
 TEACHERS.register("tiny-llamagen", TinyLlamaGen)
 TEACHERS.register("tiny-emu3", TinyEmu3)
+TEACHERS.register("tiny-lumina", TinyLumina)
+TEACHERS.register("tiny-anole", TinyAnole)
 TEACHERS.register("tiny-var", TinyVAR)
 TEACHERS.register("tiny-mar-official", TinyOfficialMAR)
 

@@ -1,0 +1,248 @@
+"""Lumina-mGPT (Liu et al., arXiv:2408.02657; Alpha-VLLM) and Anole (Chern et al., arXiv:2407.06135; GAIR), the two
+Chameleon-based text-to-image models SJD is measured on (arXiv:2410.01699, Tables 1, 2, 4, 5 and 8), through
+transformers' Chameleon classes: the registered AR-token teachers `lumina-mgpt-7b-512`, `-768`, `-1024` and
+`anole-7b` (`ar`, `jacobi`, `sjd`).
+
+Files, in the checkpoints folder (`--checkpoints`, $ACCELBENCH_CHECKPOINTS):
+- the Hugging Face folder of the model: `Lumina-mGPT-7B-768` (Alpha-VLLM/Lumina-mGPT-7B-768; also -512, -1024) or
+  `Anole-7b-v0.1-hf` (leloy/Anole-7b-v0.1-hf): config.json with the vocabulary map, safetensors shards, tokenizer;
+- Chameleon's VQGAN, which neither folder holds, where Lumina-mGPT's README puts it: `chameleon/tokenizer/vqgan.ckpt`
+  and `vqgan.yaml` (Meta's release; `teachers.networks.chameleon_vqgan`);
+- the prompts (`teachers.data.prompts`: COCO 2017 val captions by default).
+
+Loading. The weights are read from the shards into transformers' `ChameleonForConditionalGeneration`, strictly, with
+named exceptions: the VQ-VAE encoder (`model.vqmodel.*`, never used to generate) is dropped, and the QK LayerNorm
+weights, which Lumina-mGPT's own Chameleon copy stores per model-parallel shard, (1, head_dim) for the 7B, are
+repeated over the heads as its forward does (`repeat_interleave`); transformers stores (heads, head_dim). The forward
+of transformers' Chameleon sets every image token's logit to the float minimum: the logits here are the LM head over
+the base model's hidden states (`model.lm_head(model.model(...))`), the library untouched. On CUDA the model runs in
+bfloat16, as both official scripts load it; elsewhere in float32. Logits are float32 either way.
+
+Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD, a copy of Lumina-mGPT's):
+- prompt, Lumina-mGPT: "Generate an image of {S}x{S} according to the following prompt:\\n{prompt}"
+  (model_wrappers/model_loader.py:373) followed by the conversation separator <reserved08706>, with BOS
+  (lumina_mgpt/data/convertsation.py `Conversation.process`; xllmx/data/item_processor.py:212); Anole:
+  "Generate an image of {prompt}" (model_loader.py:399), BOS and the separator as `ChameleonProcessor` adds them;
+- the image, Lumina-mGPT: <racm3:break>, the height and width tokens <reserved{8800 + S/32}> (the model samples them;
+  they are forced here, to the size the prompt asks for, so every sample has one length), S/16 rows of S/16 image
+  tokens each ending with the newline <reserved08799>, <eoss>, then the separator that ends generation
+  (inference_solver.py:341, eos 8710): 3 + 48 x 49 + 2 = 2357 tokens at 768 px, the paper's count (App. C).
+  Anole: <racm3:break>, 32 x 32 image tokens, <eoss> (model_loader.py:407, 1026 new tokens);
+- the structure constraint of `MultiModalLogitsProcessor` (inference_solver.py:136-215): newline and end tokens
+  forced, only image tokens elsewhere in the image; the image tokens are the vocabulary map's IMGIMG* entries
+  (inference_solver.py:154's ids 4..8195 in the released vocabulary);
+- CFG on raw logits, s (c - u) + u (inference_solver.py:125), whose unconditional branch is the output alone, from the
+  image-start token at position 0 with its own cache (`get_unconditional_logits`): here a row whose prompt is all
+  masked. Lumina-mGPT guides only after the two size tokens, which are forced here, so guiding them too changes
+  nothing. SJD's release builds that branch by masking all of the prompt but its last token, the separator
+  (scheduler/jacobi_iteration_lumina_mgpt.py:758, prefill_num = prompt length - 1): one token of context more than
+  Lumina-mGPT's branch. Anole's transformers `generate` has no CFG; SJD guides it the same way;
+- the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000`, temperature 1.
+The teacher's `grid` is (S/16, S/16 + 1) for Lumina-mGPT (a row ends with its newline, as SJD's spatial initialisation
+counts, sjd.py's `_Drafter`) and (32, 32) for Anole.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.errors import UserError
+from teachers.data.prompts import missing_prompts, read_prompts
+from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
+from teachers.pretrained.files import mismatch, read_state_dict
+from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
+
+VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
+REQUIRED = ("config.json", "tokenizer_config.json")
+DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded here
+QK_NORMS = ("self_attn.q_norm.", "self_attn.k_norm.")
+START, END, NEWLINE, SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
+LATENT = 16  # pixels per image token (the VQGAN downsamples 16x)
+VERSION = 1  # bump when a change alters what the same files give
+
+
+def size_token(n_grids: int) -> str:
+    """Lumina-mGPT's token for a side of n_grids x 32 px (item_processor.py:104)."""
+    return f"<reserved{8800 + n_grids:05d}>"
+
+
+def read_chameleon(folder: Path, device: torch.device, dtype: torch.dtype):
+    """transformers' `ChameleonForConditionalGeneration` from a Hugging Face folder's shards, strictly, without its
+    VQ-VAE encoder (`DROPPED`), QK-norm weights stored per model-parallel shard repeated over the heads."""
+    from safetensors.torch import load_file
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+    from transformers.models.chameleon.modeling_chameleon import ChameleonRotaryEmbedding
+
+    config = ChameleonConfig.from_pretrained(folder)
+    with torch.device("meta"):  # no random init of weights the files replace
+        model = ChameleonForConditionalGeneration(config)
+    model.model.vqmodel = None
+    heads = {QK_NORMS[0]: config.num_attention_heads, QK_NORMS[1]: config.num_key_value_heads}
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        for key, value in load_file(shard, device=str(device)).items():
+            if key.startswith(DROPPED):
+                continue
+            norm = next((n for n in QK_NORMS if n in key), None)
+            if norm and value.dim() == 2:  # (shards, head_dim) -> (heads, head_dim), Lumina's repeat_interleave
+                value = value.repeat_interleave(heads[norm] // value.shape[0], dim=0)
+            state[key] = value.to(dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    with torch.device(device):  # a buffer outside the state dict, left on meta above
+        model.model.rotary_emb = ChameleonRotaryEmbedding(config)
+    return model.eval().requires_grad_(False)
+
+
+class LuminaMGPT768(PromptedImageTeacher):
+    """Lumina-mGPT 7B at 768 px (48 x 48 image tokens, rows ending with a newline: 2357 outputs), Chameleon's VQGAN."""
+
+    folder: ClassVar[str] = "Lumina-mGPT-7B-768"
+    hub: ClassVar[str] = "Alpha-VLLM/Lumina-mGPT-7B-768"
+    image_size: ClassVar[int] = 768
+
+    def __init__(self, name: str, model, vq: ChameleonVQGAN, tokenizer, prompts: list[str], info: dict):
+        self.name, self.info = name, info
+        self.model, self.vq, self.tokenizer, self.prompts = model, vq.eval().requires_grad_(False), tokenizer, prompts
+        self.vocab_size = model.config.vocab_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+        self.side = self.image_size // LATENT  # image tokens per row and per column
+        device = model.lm_head.weight.device
+        mapping = model.model.vocabulary_mapping
+        self.image_tokens = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+        self.image_tokens[mapping.image_tokens] = True
+        self.codes = torch.zeros(self.vocab_size, dtype=torch.long, device=device)  # BPE id -> VQGAN code
+        self.codes[list(mapping.bpe2img)] = torch.tensor(list(mapping.bpe2img.values()), device=device)
+        layout = self.layout()
+        self.seq_len = len(layout)
+        # position seq_len (a window's last row predicts one past the end) is beyond the image: the separator
+        self.forced = torch.tensor([*layout, self._id(SEPARATOR)], device=device)
+        self.prompt_ids = [[tokenizer.bos_token_id, *tokenizer.encode(self.prompt_text(p) + SEPARATOR,
+                                                                        add_special_tokens=False)] for p in prompts]
+        self.unconditional_prompt = []  # the branch sees the output alone, from the image-start token
+
+    def _id(self, token: str) -> int:
+        return self.tokenizer.convert_tokens_to_ids(token)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.side, self.side + 1
+
+    def prompt_text(self, prompt: str) -> str:
+        return f"Generate an image of {self.image_size}x{self.image_size} according to the following prompt:\n{prompt}"
+
+    def layout(self) -> list[int]:
+        """The token forced at each output position, `ANY_IMAGE_TOKEN` where an image token comes."""
+        size = self._id(size_token(self.image_size // (2 * LATENT)))
+        row = [ANY_IMAGE_TOKEN] * self.side + [self._id(NEWLINE)]
+        return [self._id(START), size, size, *row * self.side, self._id(END), self._id(SEPARATOR)]
+
+    def image_codes(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) outputs -> (B, side * side) image BPE ids
+        rows = tokens[:, 3 : 3 + self.side * (self.side + 1)].reshape(len(tokens), self.side, self.side + 1)
+        return rows[:, :, : self.side].flatten(1)
+
+    # ---- files ------------------------------------------------------------------------------------------------
+    @classmethod
+    def path(cls) -> Path:
+        return checkpoint_dir() / cls.folder
+
+    @classmethod
+    def vqgan_files(cls) -> tuple[Path, Path]:
+        return tuple(checkpoint_dir() / name for name in VQGAN)
+
+    @classmethod
+    def files(cls) -> tuple[Path, ...]:
+        return (*(cls.path() / name for name in REQUIRED), *cls.vqgan_files(), cls.prompt_path())
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        folder = cls.path()
+        missing = [folder / name for name in REQUIRED if not (folder / name).is_file()]
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            missing.append(folder / "model.safetensors")
+        if missing:
+            return (f"missing {missing[0]}: place the Hugging Face folder {cls.folder} ({cls.hub}) in "
+                    f"{folder.parent}, or name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
+        vq = [p for p in cls.vqgan_files() if not p.is_file()]
+        if vq:
+            return (f"missing {vq[0]}: place Chameleon's image tokenizer (Meta's release: vqgan.ckpt, vqgan.yaml) in "
+                    f"{vq[0].parent}, or name the folder that holds chameleon/ with --checkpoints or {CHECKPOINTS_ENV}")
+        return missing_prompts(cls.prompt_path())
+
+    @classmethod
+    def key(cls) -> str:
+        return config_key("chameleon-t2i", cls.__name__, cls.folder_keys(cls.path()),
+                          [file_key(p) for p in cls.vqgan_files()], file_key(cls.prompt_path()), cls.image_size,
+                          VERSION)
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        name, data = super().evaluation_data()
+        return name, {**data, "image_size": cls.image_size}
+
+    @classmethod
+    def load(cls, name: str, *, cache: Cache, device: torch.device) -> "LuminaMGPT768":
+        reason = cls.unavailable()
+        if reason:
+            raise UserError(reason)
+        from transformers import AutoTokenizer
+
+        ckpt, yaml_file = cls.vqgan_files()
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        try:
+            with torch.device("meta"):
+                vq = ChameleonVQGAN(ChameleonVQConfig.from_yaml(yaml_file))
+            load_vqgan_state(vq, read_state_dict(ckpt, ("state_dict",)))
+            model = read_chameleon(cls.path(), device, dtype)
+        except ValueError as exc:  # a vqgan.yaml the decoder cannot follow: one line naming it
+            raise UserError(f"{name}: {exc}") from None
+        except RuntimeError as exc:
+            raise UserError(f"{name}: {cls.folder} or {ckpt.name} does not fit transformers' Chameleon or the VQGAN: "
+                            f"{mismatch(exc)}") from None
+        tokenizer = AutoTokenizer.from_pretrained(cls.path())
+        prompts = read_prompts(cls.prompt_path())
+        info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
+        return cls(name, model, vq.float().to(device), tokenizer, prompts, info)
+
+    # ---- the ARTokenTeacher protocol (the rest: `PromptedImageTeacher`) -------------------------------------------
+    def _logits(self, **inputs) -> torch.Tensor:
+        return self.model.lm_head(self.model.model(**inputs).last_hidden_state).float()
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) outputs -> (B, 3, S, S) in [0, 1]
+        codes = self.codes[self.image_codes(tokens)]
+        return ((self.vq(codes, (self.side, self.side)) + 1) / 2).clamp(0, 1)
+
+
+class LuminaMGPT512(LuminaMGPT768):
+    """Lumina-mGPT 7B at 512 px (32 x 32 image tokens, rows ending with a newline: 1061 outputs), Chameleon's VQGAN."""
+
+    folder, hub, image_size = "Lumina-mGPT-7B-512", "Alpha-VLLM/Lumina-mGPT-7B-512", 512
+
+
+class LuminaMGPT1024(LuminaMGPT768):
+    """Lumina-mGPT 7B at 1024 px (64 x 64 image tokens, rows ending with a newline: 4165 outputs), Chameleon's
+    VQGAN."""
+
+    folder, hub, image_size = "Lumina-mGPT-7B-1024", "Alpha-VLLM/Lumina-mGPT-7B-1024", 1024
+
+
+class Anole7B(LuminaMGPT768):
+    """Anole 7B at 512 px (32 x 32 image tokens between the image start and end: 1026 outputs), Chameleon's VQGAN."""
+
+    folder, hub, image_size = "Anole-7b-v0.1-hf", "leloy/Anole-7b-v0.1-hf", 512
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.side, self.side
+
+    def prompt_text(self, prompt: str) -> str:
+        return f"Generate an image of {prompt}"
+
+    def layout(self) -> list[int]:
+        return [self._id(START), *[ANY_IMAGE_TOKEN] * self.side ** 2, self._id(END)]
+
+    def image_codes(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens[:, 1 : 1 + self.side ** 2]

@@ -1,0 +1,227 @@
+"""Lumina-mGPT and Anole through transformers' Chameleon (teachers/pretrained/chameleon.py), proved without the
+weights on a tiny random Chameleon saved with `save_pretrained` (tests/fakes_chameleon.py): the sampling distributions
+equal an uncached reference written from the official processors, the per-shard QK norms of Lumina-mGPT's files load
+as transformers' per-head ones, SJD through the transformers cache is exact, and the teachers run from the CLI into
+MLflow and a report."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bench.config import build_config
+from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
+from teachers.families import ar_token
+from teachers.pretrained.chameleon import END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, size_token
+from tests.fakes_chameleon import CHAMELEON_PROMPTS, TinyAnole, TinyLumina, TinyLuminaHF, tiny_chameleon_teacher
+from tests.test_real_emu3 import support_law
+from tests.test_sjd import chi_square_p
+
+CFG, TOP_K = 3.0, 3
+
+
+@pytest.fixture(scope="module")
+def lumina():
+    return tiny_chameleon_teacher(TinyLumina)
+
+
+@pytest.fixture(scope="module")
+def anole():
+    return tiny_chameleon_teacher(TinyAnole)
+
+
+@pytest.mark.parametrize("size, n", [(512, 1061), (768, 2357), (1024, 4165)])
+def test_lumina_outputs_are_the_papers_token_counts(size, n):
+    """768 px: 2357 AR steps (SJD paper, App. C and Fig. 15); 1024 px: 4165 (App. C)."""
+    stub = SimpleNamespace(image_size=size, side=size // 16, _id=lambda token: token)
+    layout = LuminaMGPT768.layout(stub)
+    assert len(layout) == n and layout[:3] == [START, size_token(size // 32), size_token(size // 32)]
+    assert layout[-2:] == [END, SEPARATOR] and layout.count(NEWLINE) == size // 16
+    assert [i for i, t in enumerate(layout) if t == NEWLINE][:2] == [3 + size // 16, 4 + 2 * (size // 16)]
+
+
+def test_anole_outputs_are_its_1026_tokens():
+    """Anole: 32 x 32 image tokens between the image start and end (SJD's model_loader.py, max_new_tokens 1026)."""
+    layout = Anole7B.layout(SimpleNamespace(image_size=512, side=32, _id=lambda token: token))
+    assert len(layout) == 1026 and layout[0] == START and layout[-1] == END and layout.count(-1) == 1024
+
+
+def official_allowed(kind: str, t: int, side: int, ids: dict) -> int | None:
+    """The token the official processors force at output t, or None where only image tokens may come: Lumina-mGPT's
+    `MultiModalLogitsProcessor`, counting the tokens after <racm3:break> and the two size tokens; Anole's image-only
+    window of side^2 tokens. The start, size and final tokens, which the models sample, are forced to the sizes the
+    prompt asks for."""
+    if kind == "anole":
+        return ids["start"] if t == 0 else ids["end"] if t == side * side + 1 else None
+    if t < 3:
+        return [ids["start"], ids["size"], ids["size"]][t]
+    n = t - 3  # image tokens and newlines generated so far
+    if (n + 1) % (side + 1) == 0:
+        return ids["newline"]
+    if n + 1 == (side + 1) * side + 1:
+        return ids["end"]
+    return ids["sep"] if n + 1 > (side + 1) * side + 1 else None
+
+
+def reference_probs(teacher, kind: str, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
+    """(N, V) sampling distributions of one sequence without a cache or padding, from transformers' own
+    `ChameleonForConditionalGeneration.from_pretrained` of the per-head folder: the conditional pass over BOS + the
+    template + separator + outputs; the unconditional pass over the outputs alone from the image-start token
+    (`get_unconditional_logits`), guided s (c - u) + u once the size tokens are out (Lumina; from the start token on
+    for Anole), the structure, top-k, softmax."""
+    from transformers import AutoTokenizer, ChameleonForConditionalGeneration
+
+    folder = TinyLuminaHF.path()
+    model, tok = ChameleonForConditionalGeneration.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    text = (f"Generate an image of 32x32 according to the following prompt:\n{prompt}" if kind == "lumina"
+            else f"Generate an image of {prompt}")
+    ids = [tok.bos_token_id, *tok.encode(text + SEPARATOR, add_special_tokens=False)]
+    head = lambda x: model.lm_head(model.model(input_ids=torch.tensor([x])).last_hidden_state)[0]  # noqa: E731
+    with torch.no_grad():
+        cond = head(ids + tokens[:-1].tolist())[len(ids) - 1 :]  # (N, V)
+        uncond = torch.cat([cond[:1], head(tokens[:-1].tolist())])  # output 0 has no unconditional pass
+    guided_from = 3 if kind == "lumina" else 1
+    logits = torch.cat([cond[:guided_from], CFG * (cond - uncond)[guided_from:] + uncond[guided_from:]])
+    names = {"start": START, "end": END, "newline": NEWLINE, "sep": SEPARATOR, "size": size_token(1)}
+    ids_ = {k: tok.convert_tokens_to_ids(v) for k, v in names.items()}
+    image = torch.tensor([n.startswith("IMGIMG") for n in tok.convert_ids_to_tokens(range(len(tok)))])
+    for t in range(len(tokens)):
+        forced = official_allowed(kind, t, teacher.side, ids_)
+        if forced is None:
+            logits[t] = logits[t].masked_fill(~image, float("-inf"))
+        else:
+            logits[t] = torch.full_like(logits[t], float("-inf")).index_fill(0, torch.tensor([forced]), 0.0)
+    return ar_token.process(logits, ar_token.SamplingConfig(top_k=TOP_K))
+
+
+def valid_sequence(teacher, g: torch.Generator) -> torch.Tensor:
+    """(N,) a sequence of the teacher's layout, its image tokens random."""
+    image = teacher.image_tokens.nonzero()[:, 0]
+    seq = teacher.forced[: teacher.seq_len].clone()
+    free = seq < 0
+    seq[free] = image[torch.randint(len(image), (int(free.sum()),), generator=g)]
+    return seq
+
+
+@pytest.mark.parametrize("kind", ["lumina", "anole"])
+def test_sampling_distributions_equal_an_uncached_reference_of_the_official_processors(kind, lumina, anole):
+    """Our batched rows (prompts of different lengths left-padded, the unconditional rows' prompts all masked, one
+    cache) give the reference's distribution at every output position; the Lumina teacher reads the per-shard QK
+    norms, the reference the per-head folder."""
+    teacher = lumina if kind == "lumina" else anole
+    picks, g = [0, 2], torch.Generator().manual_seed(0)
+    assert len({len(teacher.prompt_ids[i]) for i in picks}) == 2
+    tokens = torch.stack([valid_sequence(teacher, g) for _ in picks])  # (2, N)
+    state, first = teacher.start(torch.tensor([[i] for i in picks]), cfg=CFG)
+    logits = torch.cat([first[:, None], teacher.extend(state, tokens[:, :-1])], 1)  # (2, N, V)
+    ours = ar_token.process(logits, ar_token.SamplingConfig(top_k=TOP_K, cfg=CFG))
+    expected = torch.stack([reference_probs(teacher, kind, CHAMELEON_PROMPTS[i], tokens[r])
+                            for r, i in enumerate(picks)])
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+
+
+def test_per_shard_qk_norms_load_as_transformers_per_head_ones(lumina):
+    """Lumina-mGPT's files store each QK norm (1, head_dim) (repeated over heads by its forward); read through the
+    loader they give the logits of the same weights stored (heads, head_dim), bit for bit."""
+    per_head = tiny_chameleon_teacher(TinyLuminaHF)
+    cond = torch.tensor([[1]])
+    assert torch.equal(lumina.start(cond, cfg=CFG)[1], per_head.start(cond, cfg=CFG)[1])
+    norm = lumina.model.model.layers[0].self_attn.q_norm.weight
+    assert norm.shape == (2, 16) and torch.equal(norm[0], norm[1])
+
+
+def test_rollback_equals_a_fresh_decode(lumina):
+    """Windows appended and cut back (both CFG branches, the mask with them) give the logits of one pass over the
+    committed tokens."""
+    cond, g = torch.tensor([[3]]), torch.Generator().manual_seed(1)
+    seq = valid_sequence(lumina, g)
+    state, _ = lumina.start(cond, cfg=CFG)
+    committed = 0
+    while committed < lumina.seq_len - 4:
+        window = seq[committed : committed + 3].clone()
+        window[1:] = lumina.image_tokens.nonzero()[torch.randint(6, (2,), generator=g), 0]  # drafts, some wrong
+        lumina.extend(state, window[None])
+        committed += 1
+        lumina.rollback(state, committed)
+        assert state.length == committed and state.mask.shape[1] == state.prompt_len + committed
+    cached = lumina.extend(state, seq[None, committed : committed + 1])
+    fresh_state, _ = lumina.start(cond, cfg=CFG)
+    fresh = lumina.extend(fresh_state, seq[None, : committed + 1])[:, -1:]
+    torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
+
+
+def sjd_p(teacher, n, seed=0) -> float:
+    """Chi-square p-value of n SJD decodes against the exact law: top-k 2 over 6 image tokens at 4 image positions,
+    16 sequences (some 25 draws each at n = 400)."""
+    config = build_config(SJDConfig, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG}, owner="sjd")
+    cond, g = torch.tensor([[1]]), torch.Generator().manual_seed(seed)
+    law = support_law(teacher, cond, config.sampling)
+    assert len(law) == 16
+    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0][0].tolist()), n)
+
+
+def test_sjd_through_the_transformers_cache_matches_its_exact_distribution(lumina):
+    assert sjd_p(lumina, 400) > 1e-3
+
+
+def test_sjd_whose_rollback_keeps_stale_positions_is_detected():
+    broken = tiny_chameleon_teacher(TinyLumina)
+    broken.rollback = lambda state, length: None
+    assert sjd_p(broken, 200) < 1e-3
+
+
+def test_decoded_images_are_the_vqgans_of_the_image_codes(lumina, anole):
+    """The newline tokens leave the rows, BPE ids become VQGAN codes (IMGIMG names), and the decoder maps [-1, 1] to
+    [0, 1]."""
+    g = torch.Generator().manual_seed(2)
+    for teacher in (lumina, anole):
+        seq = valid_sequence(teacher, g)[None]
+        codes = teacher.codes[seq[teacher.image_tokens[seq]]][None]  # (1, 4) in raster order
+        torch.testing.assert_close(teacher.decode(seq), (teacher.vq(codes, (2, 2)) + 1) / 2)
+        assert teacher.decode(seq).shape == (1, 3, 4, 4)
+
+
+@pytest.mark.parametrize("teacher", ["tiny-lumina", "tiny-anole"])
+def test_the_chameleon_loaders_run_ar_jacobi_and_sjd_from_the_cli(teacher, plugin, tmp_path):
+    """The tiny Lumina-mGPT and Anole (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow,
+    then a report."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["--teacher", teacher, "--n-samples", "2", "--batch-size", "1", "--tracking-uri", store,
+              "--cache-dir", str(tmp_path / "cache"), "--experiment", "chameleon", "--warmup", "0", "--no-progress",
+              "--param", f"cfg={CFG}", "--param", f"top_k={TOP_K}"]
+    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4", "init=repeat-above"]}.items():
+        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("chameleon").experiment_id])
+    n = {"tiny-lumina": 11, "tiny-anole": 6}[teacher]
+    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
+    assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == n for r in runs)
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "chameleon", "--out", str(tmp_path / "r")]) == 0
+    assert f"## {teacher}" in (tmp_path / "r" / "REPORT.md").read_text()
+
+
+def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):
+    from bench import cli
+
+    monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
+    args = ["run", "--teacher", "lumina-mgpt-7b-768", "--method", "sjd", "--checkpoints", str(tmp_path),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/Lumina-mGPT-7B-768/config.json" in err and "--checkpoints" in err
+    folder = tmp_path / "Lumina-mGPT-7B-768"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
+        (folder / name).touch()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"missing {tmp_path}/chameleon/tokenizer/vqgan.ckpt" in err
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    assert cli.main(["list"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("lumina-mgpt-7b-512", "lumina-mgpt-7b-1024", "anole-7b"):
+        line = next(x for x in listing.splitlines() if x.strip().startswith(name))
+        assert "unavailable: missing" in line
