@@ -31,7 +31,10 @@ from methods.base import Method, Passes
 from teachers.families import ar_token
 from teachers.families.ar_token import draw, process
 
-InitScheme = Literal["random", "repeat-left", "repeat-above", "sample-left", "sample-above"]
+# `sample-*` draws from the neighbour's stored distribution, as the paper describes the spatial prior (Sec. 4.2);
+# `top1-*` takes its most likely token, as the released `sample_horizon` does (it keeps the top-1 of that distribution,
+# scheduler/jacobi_iteration_lumina_mgpt.py `get_multi_token_for_preparation`) and eval_model.py:84 defaults to.
+InitScheme = Literal["random", "repeat-left", "repeat-above", "sample-left", "sample-above", "top1-left", "top1-above"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,8 @@ class _Drafter:
                 rj = fresh[:, j].nonzero().squeeze(1)
                 pj = cols[rj, j]
                 src = torch.where(pj >= self.row, pj - self.row, pj - 1) if self.scheme.endswith("above") else pj - 1
-                seq[rj, pj] = seq[rj, src] if self.scheme.startswith("repeat") else draw(dists[rj, src], self.generator)
+                seq[rj, pj] = (seq[rj, src] if self.scheme.startswith("repeat")
+                               else draw(dists[rj, src], self.generator, greedy=self.scheme.startswith("top1")))
                 dists[rj, pj] = F.one_hot(seq[rj, pj], self.vocab).to(dists.dtype)
         dists[r, pos] = F.one_hot(seq[r, pos], self.vocab).to(dists.dtype)
 
@@ -229,7 +233,8 @@ class SJD(Method):
         super().__init__(teacher, config)
         if config.init.endswith("above") and len(teacher.grid) < 2:
             raise UserError(f"init {config.init!r} reads the token above: teacher {teacher.name!r} has a 1-D grid "
-                            f"{teacher.grid}; use random, repeat-left or sample-left")
+                            f"{teacher.grid}; use random, repeat-left, sample-left or "
+                            f"top1-left")
 
     def sample(self, cond, *, generator):
         tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule)

@@ -51,6 +51,8 @@ def table_p(config, rule, teacher=None, seed=0):
     {"window": 3, "init": "repeat-above", "top_k": 2, "temperature": 0.8, "cfg": 2.0},
     {"window": 4, "init": "sample-left", "refine": False},
     {"window": 3, "init": "repeat-left", "top_p": 0.7},
+    {"window": 4, "init": "top1-left"},
+    {"window": 3, "init": "top1-above", "top_k": 2},
 ])
 def test_sjd_matches_the_exact_distribution(knobs):
     assert table_p(sjd_config(**knobs), speculative_rule) > ALPHA
