@@ -457,6 +457,38 @@ def tiny_emu3_teacher(device="cpu"):
 
 
 
+N_CLIP_MERGES = 500  # the first BPE merges of CLIP's own vocabulary: a valid CLIP tokenizer of ~1000 tokens
+
+
+def write_tiny_clip(folder: Path, seed: int = 4) -> Path:
+    """A tiny random transformers CLIPModel (32-wide towers, one layer, 32x32 images), its CLIPProcessor with a CLIP
+    tokenizer of open_clip's first merges, save_pretrained'd into `folder` (what `clip@hf:<folder>` reads). Seed 4
+    gives a model whose mean cosine on tests/test_metrics_clip_hf.py's samples is positive (the clamp leaves it)."""
+    import gzip
+
+    import open_clip
+    from open_clip.tokenizer import bytes_to_unicode
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
+    lines = gzip.open(bpe, "rt", encoding="utf-8").read().split("\n")[1 : 1 + N_CLIP_MERGES]
+    merges = [tuple(line.split()) for line in lines]
+    chars = list(bytes_to_unicode().values())
+    vocab = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    tok = CLIPTokenizer(vocab={v: i for i, v in enumerate(vocab)}, merges=merges)
+    common = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2)
+    config = CLIPConfig(text_config=dict(vocab_size=len(tok), max_position_embeddings=77, bos_token_id=tok.bos_token_id,
+                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **common),
+                        vision_config=dict(image_size=32, patch_size=8, **common), projection_dim=16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(config)
+    model.save_pretrained(folder)
+    CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                  tokenizer=tok).save_pretrained(folder)
+    return folder
+
+
 def write_sdtt_checkpoints(folder: Path) -> None:
     """The SDTT paper's files in their official formats and names, tiny and random: `gpt2/` (a byte-level BPE
     tokenizer of 300 tokens with GPT-2's one special token, saved as GPT-2's fast tokenizer, and a 2-layer GPT-2 of 128

@@ -2,10 +2,8 @@
 CLIPScore and with CLIPModel's own embeddings on a tiny random-weight CLIP, the refusal of a missing folder, the key."""
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
 
@@ -13,9 +11,9 @@ from bench.cache import Cache
 from bench.errors import UserError
 from metrics import clip_hf
 from metrics.clip_score import CLIPScore
+from tests.fakes import write_tiny_clip
 
 CPU = torch.device("cpu")
-N_MERGES = 500  # the first BPE merges of CLIP's own vocabulary: a valid CLIP tokenizer of ~1000 tokens
 PARITY_RTOL = 1e-6
 MODEL_SEED = 4  # a random model whose mean cosine is positive (measured 7.58): the clamp leaves it
 
@@ -31,36 +29,9 @@ class CaptionTeacher:
 TEACHER = CaptionTeacher()
 
 
-def _tokenizer():
-    from open_clip.tokenizer import bytes_to_unicode
-    from transformers import CLIPTokenizer
-
-    bpe = Path(open_clip.__file__).parent / "bpe_simple_vocab_16e6.txt.gz"
-    merges = [tuple(line.split()) for line in gzip.open(bpe, "rt", encoding="utf-8").read().split("\n")[1:1 + N_MERGES]]
-    chars = list(bytes_to_unicode().values())
-    vocab = chars + [c + "</w>" for c in chars] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
-    return CLIPTokenizer(vocab={v: i for i, v in enumerate(vocab)}, merges=merges)
-
-
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory) -> Path:
-    """A tiny random CLIPModel (32-wide towers, one layer, 32x32 images) and its CLIPProcessor, save_pretrained'd."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
-
-    tok = _tokenizer()
-    common = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2)
-    config = CLIPConfig(text_config=dict(vocab_size=len(tok), max_position_embeddings=77, bos_token_id=tok.bos_token_id,
-                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **common),
-                        vision_config=dict(image_size=32, patch_size=8, **common), projection_dim=16)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(MODEL_SEED)
-        model = CLIPModel(config)
-    folder = tmp_path_factory.mktemp("ckpts") / "tiny-clip"
-    model.save_pretrained(folder)
-    processor = CLIPProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 32},
-                                                                 crop_size={"height": 32, "width": 32}), tokenizer=tok)
-    processor.save_pretrained(folder)
-    return folder
+    return write_tiny_clip(tmp_path_factory.mktemp("ckpts") / "tiny-clip", MODEL_SEED)
 
 
 @pytest.fixture(scope="module")
