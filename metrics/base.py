@@ -17,7 +17,8 @@ import torch
 from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
 from bench.errors import UserError
-from metrics.features import check_choice, embed, has_reference_batch, load_extractor, reference_features
+from metrics.features import (check_choice, embed, has_reference_batch, image_files, load_extractor,
+                              reference_features)
 
 
 # Keyword arguments of every torchmetrics metric we wrap: it computes on the samples this process holds. In a
@@ -99,25 +100,36 @@ class ImageFeatureMetric(Metric):
 
     @classmethod
     def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
-        """A teacher of a real checkpoint has no real images here, only `reference_statistics` (file name, tag): its
-        image metrics are @inception, against that file (FID: `mu`, `sigma`; KID, precision and recall: the
-        reference batch `arr_0` of ADM's files), or against nothing (the inception score)."""
+        """A teacher of a real checkpoint has no dataset here, only `reference_statistics` (file name, tag) or
+        `reference_images` (folder name, tag): its image metrics are @inception, against that file (FID: `mu`,
+        `sigma`; KID, precision and recall: the reference batch `arr_0` of ADM's files), FID against the images of
+        that folder, or against nothing (the inception score)."""
         stats = getattr(teacher_cls, "reference_statistics", None)
+        folder = getattr(teacher_cls, "reference_images", None)
         spec = f"{cls.name}@{extractor or 'cnn'}"
-        if stats is None:
+        if stats is None and (folder is None or cls.compares_with != "statistics"):  # a folder is FID's alone
             if cls.has_dataset(teacher_cls):
                 return
             if cls.compares_with is not None:
+                also = f"fid@inception against its real images {folder[0]}/, " if folder else ""
                 raise UserError(f"metric {spec} compares with real images; teacher {teacher!r} has no dataset here "
-                                f"and no reference statistics (text-image metrics: clip@<arch>, hpsv2)")
+                                f"and no reference statistics ({also}text-image metrics: clip@<arch>, hpsv2)")
             if extractor != "inception":
                 raise UserError(f"metric {spec} reads the classifier trained on the teacher's dataset; teacher "
                                 f"{teacher!r} has none here: use {cls.name}@inception")
             return
         if extractor != "inception":
             raise UserError(f"metric {spec} needs real images of teacher {teacher!r}'s data, which are not at hand; "
-                            f"on it, image metrics are @inception against {stats[0]}, e.g. fid@inception")
+                            f"on it, image metrics are @inception against {(stats or folder)[0]}, e.g. fid@inception")
         if cls.compares_with is None:
+            return
+        if stats is None:
+            path = checkpoint_dir() / folder[0]
+            why = (f"{spec} on teacher {teacher!r} compares with the real images of {folder[0]}/ (reference "
+                   f"{folder[1]}); place them in {path}, or name the folder that holds {folder[0]}/ with --checkpoints "
+                   f"or {CHECKPOINTS_ENV}")
+            if files.require(path, f"missing {path}: {why}") and not image_files(path):
+                raise UserError(f"{path} holds no images: {why}")
             return
         path = checkpoint_dir() / stats[0]
         present = files.require(path, f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
@@ -131,9 +143,9 @@ class ImageFeatureMetric(Metric):
         super().__init__(teacher, cache=cache, device=device)
         self.model = load_extractor(extractor, teacher, cache=cache, device=device, logits=self.uses_logits)
         self.extractor = self.model.name
-        stats = getattr(teacher, "reference_statistics", None)
-        if stats is not None and self.compares_with is not None:  # the key names the reference: ".adm-in256"
-            self.extractor = f"{self.model.name}.{stats[1]}"
+        named = getattr(teacher, "reference_statistics", None) or getattr(teacher, "reference_images", None)
+        if named is not None and self.compares_with is not None:  # the key names the reference: ".adm-in256"
+            self.extractor = f"{self.model.name}.{named[1]}"
         self._generated: list[torch.Tensor] = []
 
     @functools.cached_property

@@ -8,7 +8,10 @@ Two extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
   (`inception-v3-tf1`).
 
 The reference side (features of the real test split) is cached on disk, clean-fid style, keyed by dataset, split,
-image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once.
+image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once. A
+teacher of a real checkpoint names its reference instead: a file of statistics (`reference_statistics`, ADM's), or a
+folder of real images (`reference_images`, COCO's `val2017/`) whose statistics are computed once and cached
+(`folder_statistics`).
 Metrics hand features, never images, to torchmetrics through `Features`, so each image passes the extractor once.
 """
 from __future__ import annotations
@@ -28,6 +31,8 @@ CHOICES = ("cnn", "inception")
 REFERENCE_SPLIT = "test"
 REFERENCE_BATCH = "arr_0"  # the images of an ADM reference batch
 REFERENCE_VERSION = 1  # bump when the way reference features are computed changes
+# Image files of a reference folder, by suffix (any case): pytorch-fid 0.3.0's IMAGE_EXTENSIONS (fid_score.py:73)
+IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
 
 
 class ImageExtractor(Protocol):
@@ -116,6 +121,58 @@ def reference_batch_features(extractor: ImageExtractor, path: Path, *, cache: Ca
 
     feats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION), build)
     return feats
+
+
+def reference_statistics(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
+                         device: torch.device) -> dict[str, np.ndarray] | None:
+    """The statistics {"mu": (D,), "sigma": (D, D)} float64 a teacher of a real checkpoint names: the file of
+    `reference_statistics`, or those of the images of the folder `reference_images` (`folder_statistics`); None for a
+    teacher without either (its reference is the real split's features)."""
+    stats = getattr(teacher, "reference_statistics", None)
+    if stats is not None:
+        with np.load(checkpoint_dir() / stats[0]) as f:
+            return {"mu": f["mu"].astype(np.float64), "sigma": f["sigma"].astype(np.float64)}
+    folder = getattr(teacher, "reference_images", None)
+    if folder is not None:
+        return folder_statistics(extractor, checkpoint_dir() / folder[0], cache=cache, device=device)
+    return None
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The image files (`IMAGE_SUFFIXES`) of a folder, sorted by name; none when it is not a folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def read_image(path: Path) -> torch.Tensor:
+    """(1, 3, H, W) float in [0, 1] of an image file, decoded by PIL and converted to RGB (COCO holds grey images), as
+    pytorch-fid reads it (fid_score.py:87); on the 8-bit grid, so the extractor's `to_uint8` keeps it as it is."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        pixels = torch.from_numpy(np.array(im.convert("RGB")))  # (H, W, 3) uint8
+    return pixels.permute(2, 0, 1)[None].float() / 255
+
+
+def folder_statistics(extractor: ImageExtractor, folder: Path, *, cache: Cache,
+                      device: torch.device) -> dict[str, np.ndarray]:
+    """torch-fidelity's statistics (`fid_features_to_statistics`: mean, covariance) of the features of every image of
+    `folder` (`image_files`), one image a pass (they differ in size; each is resized to the extractor's input as it
+    is). Cached under the files' identities (`file_key`: path, size, modification time) and the extractor, so a
+    second trial reads them back and a changed folder is computed again."""
+    from torch_fidelity.metric_fid import fid_features_to_statistics
+
+    paths = image_files(folder)
+    recipe = {"files": [file_key(p) for p in paths], "extractor": extractor.name, "weights": extractor.fingerprint,
+              "preprocessing": extractor.preprocessing}
+
+    def build() -> dict[str, np.ndarray]:
+        feats = torch.cat([embed(extractor, read_image(p), device=device) for p in paths])
+        return fid_features_to_statistics(feats.double())
+
+    stats, _ = cache.get_or_build("reference", config_key(recipe, REFERENCE_VERSION), build)
+    return stats
 
 
 def has_reference_batch(path: Path) -> bool:

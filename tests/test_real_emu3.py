@@ -148,7 +148,7 @@ def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tm
     assert "## tiny-emu3" in (tmp_path / "r" / "REPORT.md").read_text()
     capsys.readouterr()
     assert cli.main(["run", "--method", "ar", "--metric", "fid", *common]) == 2
-    assert "compares with real images" in capsys.readouterr().err
+    assert "image metrics are @inception against val2017, e.g. fid@inception" in capsys.readouterr().err
     assert cli.main(["run", "--method", "ar", "--metric", "is", *common]) == 2
     assert "use is@inception" in capsys.readouterr().err
 

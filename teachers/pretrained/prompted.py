@@ -51,6 +51,9 @@ class PromptedImageTeacher:
     supports_cfg: ClassVar[bool] = True
     # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
     ragged_cache: ClassVar[bool] = False
+    # fid@inception against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD
+    # paper's Table 1), under the key "fid.inception-v3-tf1.coco2017-val" (`metrics.fid`)
+    reference_images: ClassVar[tuple[str, str]] = ("val2017", "coco2017-val")
 
     model: Any
     prompts: list[str]
