@@ -95,7 +95,8 @@ def test_suite_overrides_set_a_knob_in_every_trial_that_has_it(tmp_path, capsys)
 TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
         **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
         **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
-        "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3"}
+        "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3", "lumina-mgpt-7b-768": "TinyLumina",
+        "anole-7b": "TinyAnole"}
 # Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds,
 # and MAR's 100-step diffusion head to 10 steps.
 QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"], "cspd": ["steps=10"]}
@@ -139,16 +140,25 @@ class TinyInception(torch.nn.Module):
         return self.proj(torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1))
 
 
+def tiny_class(name: str) -> type:
+    """A tiny teacher class of `TINY` by name, from the module of fakes that holds it."""
+    from tests import fakes, fakes_chameleon
+
+    return next(getattr(m, name) for m in (fakes, fakes_chameleon) if hasattr(m, name))
+
+
 def write_paper_files(folder: Path, suite: dict) -> None:
     """What the suite's trials read from the checkpoints folder, tiny and random: ADM's reference batch, the
-    inception score's network, MDLM-OWT, GPT-2 (the AR arm and, as gpt2-large, the evaluator), WebText, and every
-    released student the suite names."""
+    inception score's network, MDLM-OWT, GPT-2 (the AR arm and, as gpt2-large, the evaluator), WebText, every
+    released student the suite names, the transformers CLIP folders of `clip@hf:<folder>` and the real images of the
+    prompted teachers' `reference_images` (COCO's val2017/)."""
     import shutil
 
     import numpy as np
+    from PIL import Image
 
     from metrics import inception
-    from tests.fakes import write_sdtt_checkpoints, write_sdtt_student
+    from tests.fakes import write_sdtt_checkpoints, write_sdtt_student, write_tiny_clip
 
     rng = np.random.default_rng(0)
     np.savez(folder / "VIRTUAL_imagenet256_labeled.npz", mu=rng.normal(size=FEATURES), sigma=np.eye(FEATURES),
@@ -157,7 +167,18 @@ def write_paper_files(folder: Path, suite: dict) -> None:
     torch.save({}, folder / inception.LOGITS_WEIGHTS)  # read by TinyInceptionLogits' stand-in: present, not loaded
     write_sdtt_checkpoints(folder)
     shutil.copytree(folder / "gpt2", folder / "gpt2-large")
+    defaults = suite.get("defaults", {})
     for trial in suite["trials"]:
+        for metric in trial.get("metrics", defaults.get("metrics", [])):
+            if metric.startswith("clip@hf:") and not (folder / metric[len("clip@hf:") :]).exists():
+                write_tiny_clip(folder / metric[len("clip@hf:") :])
+        teacher = trial.get("teacher", defaults.get("teacher"))
+        reference = getattr(tiny_class(TINY[teacher]), "reference_images", None) if teacher in TINY else None
+        if reference and not (folder / reference[0]).exists():
+            (folder / reference[0]).mkdir()
+            for i in range(4):  # photos of their own sizes, as COCO's
+                Image.fromarray(rng.integers(0, 256, (12 + i, 16, 3), dtype=np.uint8)).save(
+                    folder / reference[0] / f"{i:012d}.jpg")
         student = trial.get("params", {}).get("student")
         if student and not (folder / student).exists():
             if trial.get("method") == "sdtt":
@@ -198,10 +219,9 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
     from mlflow.tracking import MlflowClient
 
     from bench.registry import TEACHERS
-    from tests import fakes
 
     for name, cls in TINY.items():
-        monkeypatch.setitem(TEACHERS._entries, name, getattr(fakes, cls))
+        monkeypatch.setitem(TEACHERS._entries, name, tiny_class(cls))
     monkeypatch.setattr("metrics.inception.InceptionLogits", TinyInceptionLogits)
     suite = yaml.safe_load(path.read_text())
     suite["trials"] = tiny_trials(suite)
