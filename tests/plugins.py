@@ -18,6 +18,7 @@ TEACHERS.register("tiny-lumina", TinyLumina)
 TEACHERS.register("tiny-anole", TinyAnole)
 TEACHERS.register("tiny-var", TinyVAR)
 TEACHERS.register("tiny-mar-official", TinyOfficialMAR)
+TEACHERS.register("tiny-llamagen-t2i", "tests.fakes_llamagen_t2i:TinyLlamaGenT2I")
 
 BARRIER_ENV = "ACCELBENCH_TEST_BARRIER"  # "<folder>:<n>": `barrier-table-ar` loads once n processes are loading it
 

@@ -50,10 +50,26 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.length = 0  # positions (condition + image) currently valid
+        self.hidden: torch.Tensor | None = None  # (batch, slots) keys no other position reads: `hide`
 
     def positions(self, L: int) -> torch.Tensor:
         """Absolute positions of L new inputs: (L,)."""
         return torch.arange(self.length, self.length + L, device=self.k.device)
+
+    def hide(self, padding: torch.Tensor) -> None:
+        """Mask a condition's padding (batch, P) (True: padded) from every later read: LlamaGen's `generate`
+        (autoregressive/models/generate.py) multiplies the causal mask by the embedding mask and then sets the
+        diagonal, so a padded position reads only itself and no position reads it."""
+        self.hidden = torch.zeros(self.k.shape[1], self.k.shape[3], dtype=torch.bool, device=self.k.device)
+        self.hidden[:, : padding.shape[1]] = padding
+
+    def _unhidden(self, allowed: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """allowed (L, S) or (B, 1, L, S) less the hidden keys, each query's own slot kept -> (B, 1, L, S);
+        queries: the inputs' positions, (L,) or (B, L)."""
+        slots = torch.arange(allowed.shape[-1], device=allowed.device)
+        own = slots == queries[..., None]  # (L, S) or (B, L, S)
+        own = own if own.dim() == 2 else own[:, None]
+        return (allowed & ~self.hidden[:, None, None, : allowed.shape[-1]]) | own
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new (B, H, L, hd) keys/values; return every valid one, (B, H, length + L, hd) each."""
@@ -64,7 +80,10 @@ class KVCache:
 
     def mask(self, L: int, causal: torch.Tensor) -> torch.Tensor | None:
         # New input t sits at absolute position start+t and may see positions <= start+t; one input sees all.
-        return causal[self.length : self.length + L, : self.length + L] if L > 1 else None
+        allowed = causal[self.length : self.length + L, : self.length + L]
+        if self.hidden is not None:
+            return self._unhidden(allowed, self.positions(L))
+        return allowed if L > 1 else None
 
     def advance(self, L: int) -> None:
         self.length += L
@@ -104,11 +123,14 @@ class RaggedKVCache(KVCache):
 
     def mask(self, L, causal):
         slots = torch.arange(self.k.shape[3], device=self.k.device)
-        return (slots <= self.positions(L)[..., None])[:, None]  # (B, 1, L, S)
+        allowed = (slots <= self.positions(L)[..., None])[:, None]  # (B, 1, L, S)
+        return allowed if self.hidden is None else self._unhidden(allowed, self.positions(L))
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows (finished sequences leave the batch)."""
         self.k, self.v, self.length = self.k[:, rows], self.v[:, rows], self.length[rows]
+        if self.hidden is not None:
+            self.hidden = self.hidden[rows]
 
     def truncate(self, length: torch.Tensor) -> None:
         length = torch.as_tensor(length, device=self.length.device).expand_as(self.length)
@@ -223,15 +245,24 @@ class GuidedDecoding:
         the token after t."""
         return self.logits(self.trunk(self.embed_tokens(tokens), cache))
 
+    def null_condition(self, cond: torch.Tensor, null_id: int) -> torch.Tensor:
+        """The unconditional branch's condition for `cond`: every position `null_id`."""
+        return torch.full_like(cond, null_id)
+
     def start(self, cond: torch.Tensor, *, cfg: float, null_id: int, ragged: bool = False,
-              prefix: torch.Tensor | None = None):
-        """Prefill the condition (B, P), and with cfg != 1 its unconditional twin (all `null_id`) as rows B..2B-1;
-        returns the state and the outputs for the first token, (B or 2B, ...). With `prefix` (B, k) those tokens are
-        read in the same pass, after the condition, and the outputs are for the token after them."""
-        B, P = cond.shape
+              prefix: torch.Tensor | None = None, padding: torch.Tensor | None = None):
+        """Prefill the condition (B, P) (or (B, P, D) embeddings), and with cfg != 1 its unconditional twin
+        (`null_condition`) as rows B..2B-1; returns the state and the outputs for the first token, (B or 2B, ...).
+        With `prefix` (B, k) those tokens are read in the same pass, after the condition, and the outputs are for the
+        token after them. `padding` (B, P) (True: padded) hides condition positions in both branches (`KVCache.hide`).
+        """
+        B, P = cond.shape[:2]
         if cfg != 1.0:
-            cond = torch.cat([cond, torch.full_like(cond, null_id)])
+            cond = torch.cat([cond, self.null_condition(cond, null_id)])
+            padding = None if padding is None else torch.cat([padding, padding])
         state = GuidedState(self.new_cache(len(cond), ragged), cfg, B, P)
+        if padding is not None:
+            state.cache.hide(padding)
         if prefix is not None and cfg != 1.0:
             prefix = torch.cat([prefix, prefix])  # both branches read the same tokens
         return state, self.prefill(cond, state.cache, prefix)

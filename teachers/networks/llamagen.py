@@ -1,6 +1,6 @@
-"""LlamaGen's class-conditional GPT (Sun et al., arXiv:2406.06525; FoundationVision/LlamaGen
+"""LlamaGen's class- and text-conditional GPT (Sun et al., arXiv:2406.06525; FoundationVision/LlamaGen
 `autoregressive/models/gpt.py`), the teacher network of SJD (arXiv:2410.01699) and Distilled Decoding
-(arXiv:2412.17153), in the official parameter names, so a released `c2i_*.pt` loads strictly as it is.
+(arXiv:2412.17153), in the official parameter names, so a released `c2i_*.pt` or `t2i_*.pt` loads strictly as it is.
 
 Llama blocks without biases: RMSNorm (computed in float32, eps 1e-5), fused `wqkv` attention, SwiGLU feed-forward
 (`w2(silu(w1 x) * w3 x)`), an untied output head; one class token (`cls_embedding.embedding_table`, the null class
@@ -9,6 +9,15 @@ interleaved pairs (2k, 2k+1): the first half of a head's pairs rotate by the tok
 column; the class token's rotation is all zeros, so its query and key are exactly 0 (real_checkpoints.md §2d, T5).
 Decoding reuses `teachers.networks.gpt`'s truncatable KV caches and CFG branches, so the AR-token family's methods
 (SJD's windows and rollback, DD's student) run on it unchanged.
+
+Text-to-image (`caption_dim` > 0, gpt.py `CaptionEmbedder`, model_type "t2i"): the condition is `cond_len` = 120
+caption embeddings (FLAN-T5-XL's last hidden states, 2048 wide) mapped by a bias-free tanh-GELU MLP
+(`cls_embedding.cap_proj.fc1/fc2`); the unconditional branch reads the learned `cls_embedding.uncond_embedding` (a
+buffer of the state dict, 120 x caption_dim) through the same MLP. Its caption positions rotate by zero as the class
+token does. A caption shorter than 120 tokens is left-padded, and LlamaGen's `generate` (autoregressive/models/
+generate.py) multiplies the causal mask by the embedding mask, for both CFG branches, then sets the diagonal: no
+position reads a padded key, a padded position reads only itself. `start(..., padding=...)` does the same through the
+KV cache (`KVCache.hide`).
 """
 from __future__ import annotations
 
@@ -37,7 +46,8 @@ class LlamaGenConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     dropout: float = 0.0  # token, residual and FFN dropout (the released models trained with 0.1 each)
-    cond_len: int = 1  # cls_token_num: the class token
+    cond_len: int = 1  # cls_token_num: the class token, or 120 caption tokens
+    caption_dim: int = 0  # > 0: text-to-image, caption embeddings of this width (FLAN-T5-XL: 2048) instead of classes
 
     def __post_init__(self):
         grid = round(self.seq_len ** 0.5)
@@ -55,6 +65,11 @@ def size_config(name: str, image_tokens: int, **overrides) -> LlamaGenConfig:
     dim, layers, heads, hidden = SIZES[name]
     return LlamaGenConfig(seq_len=image_tokens, n_layer=layers, n_head=heads, n_embd=dim, ffn_hidden=hidden,
                           **overrides)
+
+
+def t2i_config(name: str, image_tokens: int, **overrides) -> LlamaGenConfig:
+    """A released text-to-image size (sample_t2i.py: GPT-XL, cls_token_num 120, FLAN-T5-XL's 2048-wide states)."""
+    return size_config(name, image_tokens, cond_len=120, caption_dim=2048, **overrides)
 
 
 def rope_2d(cfg: LlamaGenConfig) -> torch.Tensor:
@@ -137,13 +152,28 @@ class LabelEmbedder(nn.Module):
         self.embedding_table = nn.Embedding(cfg.num_classes + 1, cfg.n_embd)
 
 
+class CaptionEmbedder(nn.Module):
+    """gpt.py `CaptionEmbedder` and its `MLP`: caption embeddings (B, P, caption_dim) -> (B, P, d), bias-free
+    fc1, tanh-GELU, fc2; `uncond_embedding` the unconditional branch's caption (a persistent buffer) of cond_len rows
+    (the official `token_num`, 120, which the released models' cls_token_num equals)."""
+
+    def __init__(self, cfg: LlamaGenConfig):
+        super().__init__()
+        self.cap_proj = nn.Sequential()
+        self.cap_proj.add_module("fc1", nn.Linear(cfg.caption_dim, cfg.n_embd, bias=False))
+        self.cap_proj.add_module("act", nn.GELU(approximate="tanh"))
+        self.cap_proj.add_module("fc2", nn.Linear(cfg.n_embd, cfg.n_embd, bias=False))
+        self.register_buffer("uncond_embedding", torch.randn(cfg.cond_len, cfg.caption_dim) / cfg.caption_dim ** 0.5)
+
+
 class LlamaGenGPT(GuidedDecoding, nn.Module):
-    """logits of token i+1 from [class, tokens 1..i]: cond (B, 1) class ids, tokens (B, N) VQ codes."""
+    """logits of token i+1 from [condition, tokens 1..i]: cond (B, 1) class ids or (B, cond_len, caption_dim) caption
+    embeddings, tokens (B, N) VQ codes."""
 
     def __init__(self, cfg: LlamaGenConfig):
         super().__init__()
         self.cfg = cfg
-        self.cls_embedding = LabelEmbedder(cfg)
+        self.cls_embedding = CaptionEmbedder(cfg) if cfg.caption_dim else LabelEmbedder(cfg)
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.tok_dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
@@ -171,8 +201,17 @@ class LlamaGenGPT(GuidedDecoding, nn.Module):
     def token_embedding(self) -> nn.Parameter:
         return self.tok_embeddings.weight
 
-    def embed_condition(self, cond: torch.Tensor) -> torch.Tensor:  # (B, 1) -> (B, 1, d)
+    def embed_condition(self, cond: torch.Tensor) -> torch.Tensor:  # (B, 1) ids or (B, P, caption_dim) -> (B, P, d)
+        if self.cfg.caption_dim:
+            return self.cls_embedding.cap_proj(cond.to(self.tok_embeddings.weight.dtype))
         return self.cls_embedding.embedding_table(cond)
+
+    def null_condition(self, cond: torch.Tensor, null_id: int) -> torch.Tensor:
+        """The unconditional branch's condition: the null class, or the learned unconditional caption (generate.py
+        `generate`: `zeros_like(cond) + uncond_embedding`)."""
+        if self.cfg.caption_dim:
+            return self.cls_embedding.uncond_embedding.to(cond.dtype).expand_as(cond)
+        return super().null_condition(cond, null_id)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, L, d)
         return self.tok_embeddings(tokens)
@@ -194,6 +233,7 @@ class LlamaGenGPT(GuidedDecoding, nn.Module):
         return self.output(h).float()
 
     def forward(self, cond, tokens):
-        """Teacher-forced logits for every token: cond (B, 1), tokens (B, N) -> (B, N, V)."""
+        """Teacher-forced logits for every token: cond (B, 1) or (B, P, caption_dim) unpadded, tokens (B, N) ->
+        (B, N, V)."""
         x = torch.cat([self.embed_condition(cond), self.embed_tokens(tokens[:, :-1])], 1)
         return self.logits(self.trunk(x))[:, self.cfg.cond_len - 1 :]

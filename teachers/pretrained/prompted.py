@@ -39,7 +39,36 @@ class PromptedState:
         return self.cache.get_seq_length() - self.prompt_len
 
 
-class PromptedImageTeacher:
+class PromptSet:
+    """What a text-to-image teacher reads its prompts through: the prompt file, its indices as conditions (`prompts`
+    set by the subclass), their captions for the text-image metrics, and the real images FID compares with."""
+
+    # fid@inception against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD
+    # paper's Table 1), under the key "fid.inception-v3-tf1.coco2017-val" (`metrics.fid`)
+    reference_images: ClassVar[tuple[str, str]] = ("val2017", "coco2017-val")
+    prompts: list[str]
+
+    @classmethod
+    def prompt_path(cls) -> Path:
+        return prompt_file()
+
+    @classmethod
+    def evaluation_data(cls) -> tuple[str, dict]:
+        path = cls.prompt_path()
+        return f"prompts-{path.stem}", {"file": str(path)}
+
+    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n, 1) prompt indices: a random order of the prompts (each once while n <= their number; then again)."""
+        m = len(self.prompts)
+        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device)
+                           for _ in range(-(-n // m))])
+        return order[:n, None]
+
+    def captions(self, cond: torch.Tensor) -> list[str]:
+        return [self.prompts[i] for i in cond[:, 0].tolist()]
+
+
+class PromptedImageTeacher(PromptSet):
     """The AR-token protocol over a causal model, given in `__init__` of a subclass: `model`, `prompts`,
     `prompt_ids` (the token ids of each prompt), `unconditional_prompt` (ids), `pad_id`, `vocab_size`, `seq_len`,
     and `forced` (seq_len + 1,) with the token forced at each output position or `ANY_IMAGE_TOKEN` (position seq_len,
@@ -51,12 +80,8 @@ class PromptedImageTeacher:
     supports_cfg: ClassVar[bool] = True
     # transformers' DynamicCache crops every row to one length: SJD and Jacobi decode it one sequence at a time
     ragged_cache: ClassVar[bool] = False
-    # fid@inception against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD
-    # paper's Table 1), under the key "fid.inception-v3-tf1.coco2017-val" (`metrics.fid`)
-    reference_images: ClassVar[tuple[str, str]] = ("val2017", "coco2017-val")
 
     model: Any
-    prompts: list[str]
     prompt_ids: list[list[int]]
     unconditional_prompt: list[int]
     pad_id: int
@@ -65,32 +90,12 @@ class PromptedImageTeacher:
     forced: torch.Tensor
     image_tokens: torch.Tensor
 
-    # ---- files ------------------------------------------------------------------------------------------------
-    @classmethod
-    def prompt_path(cls) -> Path:
-        return prompt_file()
-
     @staticmethod
     def folder_keys(folder: Path) -> list[str]:
         """The content key of every file of a Hugging Face folder (its own key if it is not one)."""
         return [file_key(p) for p in (sorted(folder.iterdir()) if folder.is_dir() else [folder])]
 
-    @classmethod
-    def evaluation_data(cls) -> tuple[str, dict]:
-        path = cls.prompt_path()
-        return f"prompts-{path.stem}", {"file": str(path)}
-
     # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
-    def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """(n, 1) prompt indices: a random order of the prompts (each once while n <= their number; then again)."""
-        m = len(self.prompts)
-        order = torch.cat([torch.randperm(m, generator=generator, device=generator.device)
-                           for _ in range(-(-n // m))])
-        return order[:n, None]
-
-    def captions(self, cond: torch.Tensor) -> list[str]:
-        return [self.prompts[i] for i in cond[:, 0].tolist()]
-
     @torch.inference_mode()
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[PromptedState, torch.Tensor]:
         from transformers import DynamicCache
