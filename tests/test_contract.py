@@ -18,11 +18,13 @@ from tests.fakes import (LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_d
                          tiny_mar_teacher, tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher,
                          tiny_official_dit_teacher, tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
 from tests.fakes_chameleon import tiny_chameleon_teacher
+from tests.fakes_llamagen_t2i import tiny_llamagen_t2i_teacher
 
 FAMILIES = (ar_token.FAMILY, continuous_ar.FAMILY, ode_diffusion.FAMILY, masked_diffusion.FAMILY,
             multiscale_vq.FAMILY, masked_ar.FAMILY)
 FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
-                         tiny_emu3_teacher, tiny_chameleon_teacher, tiny_gpt2_folder_teacher],
+                         tiny_emu3_teacher, tiny_chameleon_teacher, tiny_llamagen_t2i_teacher,
+                         tiny_gpt2_folder_teacher],
          continuous_ar.FAMILY: [LinearGaussianAR, tiny_mar_teacher],
          ode_diffusion.FAMILY: [tiny_dit_teacher, tiny_official_dit_teacher],
          masked_diffusion.FAMILY: [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],

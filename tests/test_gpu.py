@@ -21,6 +21,7 @@ from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher,
                          tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
                          tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
 from tests.fakes_chameleon import tiny_chameleon_teacher
+from tests.fakes_llamagen_t2i import tiny_llamagen_t2i_teacher
 
 DEVICE = torch.device(os.environ.get("ACCELBENCH_GPU_CHECK_DEVICE", "cuda"))
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -29,12 +30,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 # The fakes whose state lives in tensors (the table fakes compute in Python on the CPU), by family name.
 FAKES = {"ar-token": [tiny_gpt_teacher, tiny_text_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
-                      tiny_emu3_teacher, tiny_chameleon_teacher, tiny_gpt2_folder_teacher],
+                      tiny_emu3_teacher, tiny_chameleon_teacher, tiny_llamagen_t2i_teacher,
+                      tiny_gpt2_folder_teacher],
          "continuous-ar": [tiny_mar_teacher], "ode-diffusion": [tiny_dit_teacher, tiny_official_dit_teacher],
          "masked-diffusion-lm": [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],
          "multiscale-vq": [tiny_var_teacher], "masked-ar": [tiny_masked_mar_teacher, tiny_official_mar_teacher]}
-TRANSFORMERS_FAKES = (tiny_hf_lm_teacher, tiny_emu3_teacher, tiny_chameleon_teacher, tiny_gpt2_folder_teacher,
-                      tiny_mdlm_owt_teacher)
+TRANSFORMERS_FAKES = (tiny_hf_lm_teacher, tiny_emu3_teacher, tiny_chameleon_teacher, tiny_llamagen_t2i_teacher,
+                      tiny_gpt2_folder_teacher, tiny_mdlm_owt_teacher)
 FAST_FIT = {"dd": {"n_pairs": 32, "train_steps": 3, "batch": 8, "solver_steps": 2}, "onestep*": {"n_pairs": 32},
             "skip-n": {"n_pairs": 32},
             **{m: {"steps": 8, "n_traj": 8, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")},

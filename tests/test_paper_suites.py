@@ -96,7 +96,7 @@ TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
         **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
         **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
         "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3", "lumina-mgpt-7b-768": "TinyLumina",
-        "anole-7b": "TinyAnole"}
+        "anole-7b": "TinyAnole", **dict.fromkeys(("llamagen-t2i-xl-256", "llamagen-t2i-xl-512"), "TinyLlamaGenT2I")}
 # Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds,
 # and MAR's 100-step diffusion head to 10 steps.
 QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"], "cspd": ["steps=10"]}
@@ -142,9 +142,9 @@ class TinyInception(torch.nn.Module):
 
 def tiny_class(name: str) -> type:
     """A tiny teacher class of `TINY` by name, from the module of fakes that holds it."""
-    from tests import fakes, fakes_chameleon
+    from tests import fakes, fakes_chameleon, fakes_llamagen_t2i
 
-    return next(getattr(m, name) for m in (fakes, fakes_chameleon) if hasattr(m, name))
+    return next(getattr(m, name) for m in (fakes, fakes_chameleon, fakes_llamagen_t2i) if hasattr(m, name))
 
 
 def write_paper_files(folder: Path, suite: dict) -> None:
