@@ -208,7 +208,8 @@ class OtherFamilyMethod(AR):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--teacher", "nope", "--method", "sjd"], "unknown teacher 'nope'; valid: digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
+    (["--teacher", "nope", "--method", "sjd"],
+     "unknown teacher 'nope'; valid: anole-7b, digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
     (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, entropy"),
     (["--teacher", "wordnet-mdlm", "--method", "mdlm", "--metric", "fid"],

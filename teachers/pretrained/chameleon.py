@@ -28,7 +28,7 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
   tokens each ending with the newline <reserved08799>, <eoss>, then the separator that ends generation
   (inference_solver.py:341, eos 8710): 3 + 48 x 49 + 2 = 2357 tokens at 768 px, the paper's count (App. C).
   Anole: <racm3:break>, 32 x 32 image tokens, <eoss> (model_loader.py:407, 1026 new tokens);
-- the structure constraint of `MultiModalLogitsProcessor` (inference_solver.py:136-215): newline and end tokens
+- the structure constraint of `MultiModalLogitsProcessor` (inference_solver.py:134-223): newline and end tokens
   forced, only image tokens elsewhere in the image; the image tokens are the vocabulary map's IMGIMG* entries
   (inference_solver.py:154's ids 4..8195 in the released vocabulary);
 - CFG on raw logits, s (c - u) + u (inference_solver.py:125), whose unconditional branch is the output alone, from the
@@ -39,7 +39,7 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
   Lumina-mGPT's branch. Anole's transformers `generate` has no CFG; SJD guides it the same way;
 - the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000`, temperature 1.
 The teacher's `grid` is (S/16, S/16 + 1) for Lumina-mGPT (a row ends with its newline, as SJD's spatial initialisation
-counts, sjd.py's `_Drafter`) and (32, 32) for Anole.
+counts, methods/sjd.py `_Drafter`) and (32, 32) for Anole.
 """
 from __future__ import annotations
 
