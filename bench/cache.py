@@ -4,10 +4,10 @@ Entries live at `<root>/<kind>/<key>.pt`: a header line naming the kind, the key
 the `torch.save` payload. An entry the cache lacks is taken from the model zoo shipped with the project (`Zoo`:
 trained teachers and students, compressed, listed with their sha256 in `zoo/manifest.json`) when the zoo has that
 kind and key, and copied into the cache; otherwise it is built. A file whose header does not match its name or its
-payload (truncated, corrupted, written by another version) is reported on stderr, deleted and rebuilt, never loaded. Writes go to a temp file in the same
-directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM, SIGKILL) never leaves an entry; a
-build holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes building one key at once build it
-once.
+payload (truncated, corrupted, written by another version) is reported on stderr, deleted and rebuilt, never loaded.
+Writes go to a temp file in the same directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM,
+SIGKILL) never leaves an entry; a build holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes
+building one key at once build it once.
 """
 from __future__ import annotations
 

@@ -39,14 +39,22 @@ def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> d
 
 
 def writable_dir(path: str | os.PathLike, what: str) -> Path:
-    """`path`, checked without creating anything: an existing folder we can write in, or one that can be made there
-    (its nearest existing ancestor is a writable folder); `UserError` naming `what` otherwise."""
+    """`path`, checked without leaving anything behind: an existing folder we can write in, or one that can be made
+    there (its nearest existing ancestor is a folder we can make a folder in); `UserError` naming `what` otherwise.
+    A probe folder is made and removed, because `os.access` says yes to root even where the file system refuses
+    (`/proc`)."""
+    import tempfile
+
     path = Path(path).expanduser().absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"{what} {path}: cannot create it ({existing} is not a folder)")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{what} {path}: {existing} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".accelbench-probe-", dir=existing))
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot create a folder in {existing} ({exc.strerror})") from None
     return path
 
 

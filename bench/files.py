@@ -7,11 +7,12 @@ files against an empty checkpoints folder.
 """
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from bench.errors import UserError
 
@@ -52,3 +53,22 @@ def require(path: Path, missing: str) -> bool:
     if all(n.path != path for n in found):
         found.append(Needed(path, present))
     return present
+
+
+def read_text(path: Path) -> str:
+    """The text of a file the user provides; unreadable or not UTF-8 is one `UserError` naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}): damaged, or not the file expected") from None
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value of a file the user provides (a config, annotations); not JSON is one `UserError` naming the
+    file and where it breaks, not the decoder's traceback."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None

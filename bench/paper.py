@@ -15,9 +15,10 @@ import math
 from typing import Any, Mapping
 
 from bench.errors import UserError
+from bench.names import NFE_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 # Paper keys of the report's speed columns -> the run metric each is compared with.
-SPEED_KEYS = {"nfe": "nfe_per_sample", "speedup_wall": "speedup_wall", "speedup_steps": "speedup_steps",
+SPEED_KEYS = {"nfe": NFE_PER_SAMPLE, "speedup_wall": SPEEDUP_WALL, "speedup_steps": SPEEDUP_STEPS,
               "acceptance_rate": "acceptance_rate", "step_compression": "step_compression"}
 TAG_PREFIX = "paper."
 

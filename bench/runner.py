@@ -29,6 +29,8 @@ from bench.cache import Cache
 from bench.config import build_config, config_dict, knobs
 from bench.envinfo import environment_tags, git_sha, resolve_device
 from bench.errors import UserError
+from bench.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
+                         SPEEDUP_WALL, TRIAL)
 from bench.paper import paper_tags
 from bench.registry import METHODS, METRICS, TEACHERS
 from bench.rng import batch_seed
@@ -228,7 +230,7 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
 
 def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     m = latency_stats(r.batch_seconds, r.batch_sizes, r.ranks)
-    m["nfe_per_sample"] = r.counters["nfe"] / n
+    m[NFE_PER_SAMPLE] = r.counters["nfe"] / n
     m["step_compression"] = sum(r.compression) / len(r.compression)
     if r.counters["drafts_verified"]:
         m["acceptance_rate"] = r.counters["drafts_accepted"] / r.counters["drafts_verified"]
@@ -317,7 +319,7 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
         # on 1, the tiny samplers no faster.
         training_threads = torch.get_num_threads()
         with threads(opts.threads), tracker.run(name, {
-                "accelbench.kind": kind, "trial_key": t.key(), "teacher_key": str(p.teacher_cls.key()),
+                KIND_TAG: kind, "trial_key": t.key(), "teacher_key": str(p.teacher_cls.key()),
                 "family": str(p.teacher_cls.family), **environment_tags(device),
                 "precision": precision.describe(device, t.dtype, t.tf32, t.compile), **(tags or {})}) as log:
             if on_start is not None:
@@ -329,7 +331,7 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
             params.update({f"ref.{k}": v for k, v in config_dict(p.sampling).items()})
             params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
                            "threads": opts.threads, "world_size": world.size})
-            log.log(params=params, tags={"accelbench.knobs": ",".join(sorted(t.params))})
+            log.log(params=params, tags={KNOBS_TAG: ",".join(sorted(t.params))})
             if hasattr(p.teacher_cls, "evaluation_data"):
                 log.log_dataset(*p.teacher_cls.evaluation_data())
             method = p.method_cls(teacher, p.config)
@@ -363,7 +365,7 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
                 tags["resumed_run"] = ",".join(ended)
         # every rank writes into rank 0's spool
         spool = TrialSpool(Path(world.broadcast(str(spool.folder) if world.main else None)))
-        metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts, spool), kind="trial", name=run_name(p),
+        metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts, spool), kind=TRIAL, name=run_name(p),
                           cache=cache, tracker=tracker, opts=opts, tags=tags, on_start=on_start)
         if world.main:  # logged: the spooled samples have served
             spool.remove()
@@ -408,14 +410,14 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict
             r, arms[name].teacher, scorers, t.metric_repeats, "samples" if name == "method" else f"{name}_samples")
         metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
         artifacts[file_name] = content
-    metrics["speedup_wall"] = metrics["ref/sec_per_sample_median"] / metrics["sec_per_sample_median"]
-    metrics["speedup_steps"] = metrics["ref/nfe_per_sample"] / metrics["nfe_per_sample"]
+    metrics[SPEEDUP_WALL] = metrics["ref/" + SEC_PER_SAMPLE] / metrics[SEC_PER_SAMPLE]
+    metrics[SPEEDUP_STEPS] = metrics["ref/" + NFE_PER_SAMPLE] / metrics[NFE_PER_SAMPLE]
     defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
     at_defaults = all(p.trial.params.get(k) == defaults.get(k) for k in p.method_cls.key_knobs)
     ctx.log.log(tags={
         "key_knobs": ",".join(p.method_cls.key_knobs),
         # a paper method at its default key knobs: the report's headline row for the method
-        "accelbench.headline": str(p.method_cls.headline and at_defaults).lower(),
+        HEADLINE_TAG: str(p.method_cls.headline and at_defaults).lower(),
         # Directions travel with the numbers, so a report needs nothing but the store.
         **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
            for m in p.metrics for k in metrics

@@ -14,6 +14,7 @@ from bench import distributed
 from bench.cache import Cache
 from bench.config import check_seeds, knobs, read_yaml_mapping
 from bench.errors import UserError
+from bench.names import KIND_TAG, TRIAL
 from bench.paper import check_paper
 from bench.registry import METHODS, TEACHERS
 from bench.runner import Plan, RunOptions, plan, run_trial
@@ -78,12 +79,13 @@ def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, 
 
 def finished_keys(tracker: Tracker) -> set[str]:
     runs = tracker.client.search_runs([tracker.experiment_id],
-                                      "tags.`accelbench.kind` = 'trial' and attributes.status = 'FINISHED'",
+                                      f"tags.`{KIND_TAG}` = '{TRIAL}' and attributes.status = 'FINISHED'",
                                       max_results=50000)
     return {r.data.tags.get("trial_key") for r in runs}
 
 
-def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions, force: bool = False) -> tuple[int, int]:
+def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions,
+              force: bool = False) -> tuple[int, int]:
     """Run every trial that has no finished run in the experiment yet; returns (ran, skipped). Under torchrun every
     rank runs the same trials, in rank 0's order (`bench.distributed`)."""
     world = distributed.world()

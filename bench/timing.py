@@ -8,6 +8,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from bench.names import SEC_PER_SAMPLE
+
 
 @contextmanager
 def stopwatch(device: torch.device, out: list[float]):
@@ -56,7 +58,7 @@ def latency_stats(batch_seconds: list[float], batch_sizes: list[int],
     stats = {
         "sec_per_batch_median": float(np.median([np.median(t[m]) for m in by_rank.values()])),
         "sec_per_batch_p90": float(np.percentile(t, 90)),
-        "sec_per_sample_median": float(np.median([np.median(per_sample[m]) for m in by_rank.values()])),
+        SEC_PER_SAMPLE: float(np.median([np.median(per_sample[m]) for m in by_rank.values()])),
         "sec_per_sample_p90": float(np.percentile(per_sample, 90)),
         "samples_per_sec": sum(throughput.values()),
     }

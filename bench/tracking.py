@@ -18,17 +18,26 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from bench.errors import UserError
+from bench.names import KIND_TAG, TRAINING
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 TRAINING_EXPERIMENT = "accelbench-training"
 # MLflow 3 opens an experiment on its GenAI overview unless it is a model-development one: the runs table, here.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-TRIALS_NOTE = """AccelBench trials: one run per (method, teacher, knobs, seed). Each run samples the method and the teacher's own sampler (the reference arm, metrics `ref/...`) side by side in one process, on the same conditions and seed (coupled noise).
-
-Columns to add: metrics `speedup_wall`, `speedup_steps`, `nfe_per_sample`, `sec_per_sample_median`, `acceptance_rate`, the quality metrics (e.g. `fid.digits-cnn` and `ref/fid.digits-cnn`); params `teacher`, `method`, `seed` and the method's knobs (e.g. `window`, `init`, `cfg`).
-
-Filter e.g. `params.method = 'sjd' and params.window = '16'`; the dataset each run is scored against is its input."""
-TRAINING_NOTE = """Trainings of teachers, companion models and feature extractors triggered by AccelBench trials: one run each, with the recipe as params and the training figures (losses, test scores, seconds) as metrics; the `cache_key` tag names the cache entry it produced."""
+# The experiments' descriptions in the MLflow UI (Markdown): one line per paragraph, as stores already hold them.
+TRIALS_NOTE = (
+    "AccelBench trials: one run per (method, teacher, knobs, seed). Each run samples the method and the teacher's own "
+    "sampler (the reference arm, metrics `ref/...`) side by side in one process, on the same conditions and seed "
+    "(coupled noise).\n\n"
+    "Columns to add: metrics `speedup_wall`, `speedup_steps`, `nfe_per_sample`, `sec_per_sample_median`, "
+    "`acceptance_rate`, the quality metrics (e.g. `fid.digits-cnn` and `ref/fid.digits-cnn`); params `teacher`, "
+    "`method`, `seed` and the method's knobs (e.g. `window`, `init`, `cfg`).\n\n"
+    "Filter e.g. `params.method = 'sjd' and params.window = '16'`; the dataset each run is scored against is its "
+    "input.")
+TRAINING_NOTE = (
+    "Trainings of teachers, companion models and feature extractors triggered by AccelBench trials: one run each, with "
+    "the recipe as params and the training figures (losses, test scores, seconds) as metrics; the `cache_key` tag "
+    "names the cache entry it produced.")
 
 
 ORPHAN_TAG = "accelbench.doctor"  # why a RUNNING run was ended KILLED after its process was gone
@@ -58,11 +67,9 @@ def runs_table_urls(uri: str, base: str) -> list[tuple[str, str]]:
     """(experiment, URL of its runs table in the MLflow UI at `base`) for every AccelBench experiment of the store.
     MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's last choice) says
     `workflowType=machine_learning`; the experiment's kind tag is what older UIs read."""
-    from mlflow.tracking import MlflowClient
-
     check_reachable(uri, "MLflow tracking store")
     try:
-        experiments = MlflowClient(tracking_uri=uri).search_experiments()
+        experiments = client(uri).search_experiments()
     except Exception as exc:
         raise UserError(f"cannot reach the MLflow tracking store {uri}: {str(exc).splitlines()[0]}") from None
     return [(e.name, f"{base}/#/experiments/{e.experiment_id}?workflowType=machine_learning")
@@ -102,13 +109,24 @@ def artifact_location(uri: str) -> str | None:
     return (Path(uri[len("sqlite:///"):]).parent / "mlruns").resolve().as_uri()
 
 
+def client(uri: str):
+    """An `MlflowClient` of the store at `uri`, with the INFO lines MLflow and alembic write to stderr while they make
+    a new SQLite store's tables silenced (their warnings and errors still show). Set after importing mlflow, whose
+    logging configuration resets its child loggers' levels."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    for name in ("mlflow.store", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=uri)
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str):
-        from mlflow.tracking import MlflowClient
-
         self.uri = uri
         check_reachable(uri, "MLflow tracking store")
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = client(uri)
         self.experiment_id = self._experiment(experiment)
 
     def _experiment(self, name: str) -> str:
@@ -177,7 +195,7 @@ class Tracker:
 
     def log_training(self, name: str, key: str, params: dict[str, Any], info: dict[str, float]) -> None:
         """A teacher (or student) training is a run of its own, in the training experiment."""
-        with self.run(f"train:{name}", {"accelbench.kind": "training", "cache_key": key},
+        with self.run(f"train:{name}", {KIND_TAG: TRAINING, "cache_key": key},
                       experiment=TRAINING_EXPERIMENT) as log:
             log.log(params=params, metrics=info)
 

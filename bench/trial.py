@@ -11,6 +11,8 @@ from bench.config import read_yaml_mapping
 from bench.errors import UserError
 from bench.precision import DTYPES
 
+MAX_COUNT = 2**31 - 1  # samples, batch, repeats: torch takes sizes as C integers; a count above this is a typo
+
 
 @dataclass(frozen=True)
 class Trial:
@@ -33,6 +35,8 @@ class Trial:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise UserError(f"trial: {name} must be a positive integer, got {value!r}")
+            if value > MAX_COUNT:
+                raise UserError(f"trial: {name} must be at most 2**31 - 1 = {MAX_COUNT}, got {value}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UserError(f"trial: seed must be a non-negative integer, got {self.seed!r}")
         if self.dtype not in DTYPES:

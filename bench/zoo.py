@@ -88,7 +88,8 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
 def describe(kind: str, key: str) -> str:
     """What an entry is: the registered teacher whose recipe key it is, or its kind."""
     if kind == "teachers":
-        names = [n for n, cls in TEACHERS.items() if not getattr(cls, "unavailable", lambda: None)() and cls.key() == key]
+        names = [n for n, cls in TEACHERS.items()
+                 if not getattr(cls, "unavailable", lambda: None)() and cls.key() == key]
         return f"teacher {', '.join(names)}" if names else "teacher (no registered recipe has this key)"
     return {"dd-students": "DD student", "dd-pairs": "DD pair tokens (Alg. 1)", "ard-students": "ARD student",
             "sdtt-ema": "SDTT student (EMA weights of its last round)"}.get(kind, kind)

@@ -1,16 +1,16 @@
 """CSpD (arXiv:2411.11925) on a digits pair (`digits-mar-c2i`, causal, or `digits-mar-masked-c2i`, MAR): acceptance and
 speed-up against gamma and batch size, and a two-sample test of `exact` mode against the target alone.
 
-Speed: for each batch size and gamma, CSpD and the target-alone sampler (the family's: `ar` or `mar`) take turns on the same batches in one
-process (1 torch thread); reported are the acceptance rate alpha (accepted / verified drafts), target and draft
-transformer passes per image, target/draft head chains per image, and the wall-clock ratio ar / CSpD.
+Speed: for each batch size and gamma, CSpD and the target-alone sampler (the family's: `ar` or `mar`) take turns on the
+same batches in one process (1 torch thread); reported are the acceptance rate alpha (accepted / verified drafts),
+target and draft transformer passes per image, target/draft head chains per image, and the wall-clock ratio ar / CSpD.
 
 Losslessness: `exact` samples and `ar` samples (different seeds) are compared by a permutation test on the MMD
 (Gaussian kernel, median bandwidth) of the dataset classifier's features; its power is checked on arms that should be
 told apart: the draft model alone, and `released` mode against its own target-alone arm.
 
-    python benchmarks/cspd_gamma.py [--teacher digits-mar-c2i] [--gammas 1 2 4 8 16] [--batch-sizes 1 64] [--modes exact released]
-                                    [--two-sample 360]
+    python benchmarks/cspd_gamma.py [--teacher digits-mar-c2i] [--gammas 1 2 4 8 16] [--batch-sizes 1 64]
+                                    [--modes exact released] [--two-sample 360]
 """
 from __future__ import annotations
 

@@ -84,8 +84,9 @@ def main() -> None:
                     print(f"{dataset:14} {spec:15} skipped: {r['skipped']}")
                     continue
                 vals = ", ".join(f"{k}={v:.4g}" for k, v in r["values"].items())
-                print(f"{dataset:14} {spec:15} extractor+reference {r['build_s']:7.1f} s (cached {r['cached_build_s']:5.2f}"
-                      f" s)  score {r['n']} images {r['score_s']:7.2f} s  [{vals}]", flush=True)
+                print(f"{dataset:14} {spec:15} extractor+reference {r['build_s']:7.1f} s "
+                      f"(cached {r['cached_build_s']:5.2f} s)  score {r['n']} images {r['score_s']:7.2f} s  [{vals}]",
+                      flush=True)
 
 
 if __name__ == "__main__":

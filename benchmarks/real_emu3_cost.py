@@ -64,7 +64,8 @@ def main() -> None:
     print(f"Emu3-Gen decoder ({FULL_LAYERS} layers extrapolated from {args.layers}; width {cfg.hidden_size}, "
           f"{heads}/{kv} heads, vocabulary {cfg.vocab_size}), {args.device}, {args.dtype}, {args.threads} threads, "
           f"CFG rows 2, {CONTEXT} positions cached, median of {args.repeats}")
-    print(f"| call | {args.layers} layers s | LM head s | full model s (est.) | vs a 1-token step |\n|---|---|---|---|---|")
+    print(f"| call | {args.layers} layers s | LM head s | full model s (est.) | vs a 1-token step |\n"
+          "|---|---|---|---|---|")
     for w, (s, hd, full) in costs.items():
         print(f"| {w}-token {'step' if w == 1 else 'window'} | {s:.4f} | {hd:.4f} | {full:.3f} | "
               f"{full / costs[1][2]:.2f}x |")

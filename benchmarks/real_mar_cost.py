@@ -62,15 +62,15 @@ def main() -> None:
     print(f"| call | {H} s | MAR-B s |\n|---|---|---|")
     print(f"| encoder-decoder pass (128 of 256 known) | {cost[H, 'pass']:.4f} | {cost[B, 'pass']:.4f} |")
     print(f"| head chain, one token, 100 steps | {cost[H, 'head']:.4f} | {cost[B, 'head']:.4f} |")
-    print(f"c = draft / target step (pass + head): {(cost[B, 'pass'] + cost[B, 'head']) / (cost[H, 'pass'] + cost[H, 'head']):.3f}")
+    step = {m: cost[m, "pass"] + cost[m, "head"] for m in (H, B)}
+    print(f"c = draft / target step (pass + head): {step[B] / step[H]:.3f}")
     print("\n| gamma | target pass over gamma+1 known sets s | round speed-up `released` | round speed-up `exact`, all "
           "accepted |\n|---|---|---|---|")
     for g in args.gammas:
-        alone = g * (cost[H, "pass"] + cost[H, "head"])
-        draft = g * (cost[B, "pass"] + cost[B, "head"])
+        alone, draft = g * step[H], g * step[B]
         released = draft + cost[H, "pass"] + g * cost[H, "head"]
         exact = draft + cost[H, "sets", g] + (g + 1) * cost[H, "head"]
-        print(f"| {g} | {cost[H, 'sets', g]:.3f} | {alone / released:.2f}x | {(alone + cost[H, 'pass'] + cost[H, 'head']) / exact:.2f}x |")
+        print(f"| {g} | {cost[H, 'sets', g]:.3f} | {alone / released:.2f}x | {(alone + step[H]) / exact:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from bench.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method, Passes
-from teachers.data.images import load_image_dataset
 from teachers.families import ode_diffusion
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
@@ -168,7 +167,7 @@ class ARD(Method):
         c, depth = config, teacher.network.cfg.depth
         if c.history_layers > depth:
             raise UserError(f"ard: history_layers must be <= the teacher's depth {depth}, got {c.history_layers}")
-        if c.gan_steps and not hasattr(teacher, "dataset_name"):  # e.g. DiT-XL/2: ImageNet latents are not at hand
+        if c.gan_steps and not hasattr(teacher, "real_images"):  # e.g. DiT-XL/2: ImageNet latents are not at hand
             raise UserError(f"ard: the R+D fine-tune (gan_steps={c.gan_steps}) needs the teacher's real images, and "
                             f"teacher {teacher.name} names no dataset; use gan_steps=0")
         self.knots = knot_states(c.knots, c.sampling.steps, c.student_steps)
@@ -240,11 +239,10 @@ class ARD(Method):
         info = {"trajectory_seconds": traj_seconds, "train_loss": loss.item(),
                 "n_params": sum(p.numel() for p in student.parameters())}
         if c.gan_steps:
-            t = self.teacher
-            real = load_image_dataset(t.dataset_name, "train", t.image_size)
-            info |= finetune(student, t.network, inputs, targets, y, (real.images * 2 - 1).to(device),
-                             real.labels.to(device), steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr,
-                             scale=c.gan_weight, warmup=c.gan_warmup, generator=g, seed=c.train_seed,
+            real, labels = self.teacher.real_images("train")
+            info |= finetune(student, self.teacher.network, inputs, targets, y, real.to(device), labels.to(device),
+                             steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr, scale=c.gan_weight,
+                             warmup=c.gan_warmup, generator=g, seed=c.train_seed,
                              on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))
         info["train_seconds"] = time.perf_counter() - t0
         return {"state_dict": {k: v.cpu() for k, v in ema.state_dict().items()}, "info": info}

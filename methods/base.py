@@ -39,6 +39,7 @@ class Method:
     modalities: ClassVar[tuple[str, ...]] = ("image", "text")  # what its teachers may generate
     Config: ClassVar[type]
     key_knobs: ClassVar[tuple[str, ...]] = ()  # the knobs a results table shows for this method
+    window_knob: ClassVar[str | None] = None  # the knob that sets its tokens per pass (the report's acceptance plot)
     # One of the five papers' methods: its runs at its default key knobs make the report's headline row.
     headline: ClassVar[bool] = False
     # What the method reads of its teacher beyond the family protocol (e.g. an image AR teacher's `codebook`); a

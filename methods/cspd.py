@@ -7,12 +7,13 @@ is resampled from max(0, Sigma p - q) by acceptance-rejection with the target's 
 (Eq. 13).
 The first floor(N * prefill) + 1 tokens come from the target alone (token pre-filling, the released code's count).
 
-Three modes (shared/notes/cspd_continuous_speculative_decoding.md, Sec. 1.7, 6, 7):
+Three modes (docs/methods/cspd.md, 'Modes and knobs'):
 - `exact`: Sigma := 1 and a sampled last step. Given the shared noise, the two last steps are plain Gaussians, so this
   is Leviathan et al.'s speculative sampling on them: lossless, with truncation at the first rejection and a bonus
   token from the target when every draft is accepted.
-- `paper`: Algorithm 1 with the paper's Sigma = prod sqrt|Sigma_q| / prod sqrt|Sigma_p| (Eq. 8), fixed as the note
-  says (the first rejected position p_{n+1}, a bonus token). Exact only when the two models' step stds agree.
+- `paper`: Algorithm 1 with the paper's Sigma = prod sqrt|Sigma_q| / prod sqrt|Sigma_p| (Eq. 8), fixed as
+  docs/methods/cspd.md says (the first rejected position p_{n+1}, a bonus token). Exact only when the step
+  stds of the two models agree.
 - `released`: the released code's scheme: every drafted token is accepted or replaced on its own, nothing is
   discarded (each round advances gamma tokens), Sigma inverted (prod sigma_p / prod sigma_q) and the acceptance
   exponent divided by `inner_temperature` (42). On the masked family (MAR, `masked_ar`) it is the released
@@ -22,7 +23,7 @@ Three modes (shared/notes/cspd_continuous_speculative_decoding.md, Sec. 1.7, 6, 
   drafts, as the paper's text says of MAR: that difference is logged with every such run
   (`caveat.cspd_released_conditioning`).
 On the masked family `exact` and `paper` need one token per step (num_iter 0): the target's law of step i given the
-prefix and drafts 1..i-1 comes from one batched pass over gamma + 1 known sets (the note's Sec. 6.2), which makes
+prefix and drafts 1..i-1 comes from one batched pass over gamma + 1 known sets (docs/methods/cspd.md), which makes
 `exact` lossless against MAR's own sampler (`sample_mar`) on the same order and noise.
 Where the released code returns a zero token after `max_tries` failed proposals, every mode here returns the last
 proposal (a draw from the target's last step) and counts the row in `resample_exhausted`.
@@ -39,8 +40,7 @@ import torch
 from bench.samples import Samples
 from methods.base import Method, Passes
 from teachers.families import continuous_ar, masked_ar
-from teachers.families.continuous_ar import TokenNoise
-from teachers.networks.diffusion_head import HeadOutput
+from teachers.families.continuous_ar import HeadOutput, TokenNoise
 
 MODES = ("exact", "paper", "released")
 
@@ -98,7 +98,8 @@ def acceptance_log_ratio(x, p: HeadOutput, q: HeadOutput, mode: str, inner_tempe
 
 
 def residual_keep(log_p: torch.Tensor, log_q: torch.Tensor, log_sig: torch.Tensor) -> torch.Tensor:
-    """alpha_s = max(0, Sigma p - q) / (Sigma p) of proposals x from p, given log p(x), log q(x) and log Sigma (Eq. 13)."""
+    """alpha_s = max(0, Sigma p - q) / (Sigma p) of proposals x from p, given log p(x), log q(x) and log Sigma
+    (Eq. 13)."""
     return (1 - torch.exp(log_q - log_p - log_sig)).clamp(min=0)
 
 
@@ -138,6 +139,7 @@ class CSpD(Method):
     families = (continuous_ar.FAMILY, masked_ar.FAMILY)
     Config = CSpDConfig
     key_knobs = ("mode", "gamma", "prefill")
+    window_knob = "gamma"
 
     @classmethod
     def config_class(cls, family) -> type:
@@ -268,7 +270,8 @@ class CSpD(Method):
         new, ok = self._accept_each(drafts, p, q, generator, c)
         replaced = (~ok).nonzero(as_tuple=True)[1]
         g = drafts.shape[1]
-        return torch.cat([new, torch.zeros_like(new[:, :1])], 1), min(int(replaced.min()) if len(replaced) else g, g - 1)
+        first = min(int(replaced.min()) if len(replaced) else g, g - 1)
+        return torch.cat([new, torch.zeros_like(new[:, :1])], 1), first
 
     # ---- the masked family (MAR) ----------------------------------------------------------------------------
     def _sample_masked(self, cond: torch.Tensor, generator: torch.Generator) -> Samples:

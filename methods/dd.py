@@ -1,6 +1,6 @@
 """`dd`: Distilled Decoding (Liu et al., arXiv:2412.17153, ICLR 2025): an AR image model distilled into 1-2 steps.
 
-Pipeline (shared/notes/dd_distilled_decoding.md):
+Pipeline (docs/methods/dd.md):
 1. pairs (Alg. 1, `methods.dd_pairs`): the teacher with the per-token flow-matching map turns noise (eps_1..eps_n)
    into tokens (q_1..q_n) deterministically;
 2. training (Alg. 2): a student initialised from the teacher (`methods.dd_student`) maps X_t = (q_<t, eps_>=t) to

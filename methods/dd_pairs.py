@@ -3,7 +3,7 @@
 The teacher runs token by token with its KV cache; each token is q_i = FM(eps_i, p(. | q_<i)) (`token_flow.flow_map`)
 instead of a random draw, so a sequence is a deterministic function of its noise (n, C) and its condition. On a VAR
 teacher (`multiscale_vq`) a step is a scale: all its tokens are mapped at once, each from its own noise and its own
-conditional given the earlier scales (the note's Sec. 1.3). The DD
+conditional given the earlier scales (docs/methods/dd.md, Eq. 5). The DD
 student learns this map; the onestep* and skip-n baselines read the teacher-sample marginals off the same tokens.
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ import torch.nn as nn
 from bench.errors import UserError
 from bench.rng import seeded
 from teachers.families import multiscale_vq
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import mismatch, read_state_dict
 
 # The released commands' settings per teacher depth (VAR/README.md, "Few-step sampling"): the paper's t2 (the
 # code's t_list 0,t2-1) and the logits/embedding split (`--loss_split_t`), in scales. d20 and d24 use {1, 5}, not

@@ -1,8 +1,8 @@
 """The teachers' own samplers as methods, under their families' sampler names: `ar` (token by token: the reference
 arm of SJD, arXiv:2410.01699, and DD, arXiv:2412.17153, and with the target model alone of CSpD, arXiv:2411.11925),
 VAR's next-scale sampler (one pass per scale, DD's VAR baseline), `mar` (MAR's masked random-order sampler, CSpD's
-teacher's own), `ddim` (DiT's DDIM, eta = 0: at K steps ARD's quality target, at S steps its "same steps, no distillation"
-baseline, arXiv:2504.11295) and `mdlm` (MDLM's ancestral sampler, SDTT's, arXiv:2410.21035).
+teacher's own), `ddim` (DiT's DDIM, eta = 0: at K steps ARD's quality target, at S steps its "same steps, no
+distillation" baseline, arXiv:2504.11295) and `mdlm` (MDLM's ancestral sampler, SDTT's, arXiv:2410.21035).
 
 Every trial already runs its teacher's own sampler as the reference arm; as a method it runs at other settings than
 a trial's reference (e.g. `ddim` at 4 steps against the 25-step reference)."""
@@ -13,7 +13,8 @@ from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusi
 
 
 class AR(OwnSampler):
-    """The teacher's own autoregressive sampler: one forward pass per token (greedy with `greedy=true`), or per scale."""
+    """The teacher's own autoregressive sampler: one forward pass per token (greedy with `greedy=true`), or per
+    scale."""
 
     families = (ar_token.FAMILY, continuous_ar.FAMILY, multiscale_vq.FAMILY)
     key_knobs = ("greedy",)

@@ -19,17 +19,14 @@ record of the round: a folder named otherwise takes its round from the `rounds` 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
 from bench.errors import UserError
-from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
-from teachers.pretrained.files import mismatch
+from teachers.families.masked_diffusion import MDLMDiT, MDLMDiTConfig
+from bench.checkpoints import mismatch, read_config, read_safetensors, safetensors_errors
 
 PREFIX = "backbone."  # of every key of a released student (MultiRoundSDTT.backbone)
 # `distill_mode` in the release's config -> the divergence `sdtt` names it (the code's "tvd" is `_tvd`, the L1
@@ -63,7 +60,7 @@ class Release:
         from the file's header."""
         from safetensors import safe_open
 
-        with safe_open(self.files[1], "pt") as f:
+        with safetensors_errors(self.files[1]), safe_open(self.files[1], "pt") as f:
             key = PREFIX + "vocab_embed.embedding"
             if key not in f.keys():
                 raise UserError(f"sdtt student {self.folder}: {self.files[1].name} has no {key}")
@@ -75,10 +72,8 @@ class Release:
 
     def network(self, cfg: MDLMDiTConfig) -> MDLMDiT:
         """The student's DiT: keys one to one after `backbone.`, loaded strictly; a misfit file is one line."""
-        from safetensors.torch import load_file
-
         config, weights = self.files
-        state = load_file(weights)
+        state = read_safetensors(weights)
         stray = sorted(k for k in state if not k.startswith(PREFIX))
         if stray:
             raise UserError(f"sdtt student {self.folder}: {weights.name} has keys outside {PREFIX!r}, e.g. {stray[0]}")
@@ -105,8 +100,8 @@ def read(name: str) -> Release:
         if not path.is_file():
             raise UserError(missing)
     folder = checkpoint_dir() / name
-    c = json.loads((folder / "config.json").read_text())
-    p, m = c.get("parameterization", {}), c.get("model", {})
+    c = read_config(folder)
+    p, m = (c.get(k) if isinstance(c.get(k), dict) else {} for k in ("parameterization", "model"))
     shape = ("hidden_size", "cond_dim", "length", "n_blocks", "n_heads")
     if m.get("type") != NETWORK or p.get("distill_mode") not in DIVERGENCES or not all(k in m for k in shape):
         raise UserError(f"{folder / 'config.json'}: not a released SDTT student: expected model.type {NETWORK!r} "

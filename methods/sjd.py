@@ -5,8 +5,8 @@ pass feeds the pending token plus W-1 drafts; a draft is accepted with probabili
 rejected position is resampled from the residual max(0, p - q) (Eq. 2), later positions are refined with this pass's
 samples (Eq. 3) and become the next drafts, the window is refilled by an initialisation scheme, and the KV cache is
 rolled back to the committed prefix. Semantics follow the released code
-(tyshiwo1/Accelerating-T2I-AR-with-SJD): the window includes the pending token, a full accept adds a bonus token, fresh drafts carry a one-hot draft
-distribution.
+(tyshiwo1/Accelerating-T2I-AR-with-SJD): the window includes the pending token, a full accept adds a bonus token,
+fresh drafts carry a one-hot draft distribution.
 
 The same loop with the exact-match criterion is Jacobi decoding (`methods/jacobi.py`).
 
@@ -218,6 +218,7 @@ class SJD(Method):
     families = (ar_token.FAMILY,)
     Config = SJDConfig
     key_knobs = ("window", "init")
+    window_knob = "window"  # Jacobi inherits it
     rule = staticmethod(speculative_rule)
 
     @classmethod

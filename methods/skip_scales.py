@@ -1,7 +1,7 @@
 """`skip-scales`: VAR's skip-n baseline of Distilled Decoding (arXiv:2412.17153, Table 1: VAR-skip-1, VAR-skip-2):
 the teacher's own next-scale sampler stops n scales early and the image is decoded from the partial residual sum of
 the scales it drew. The paper "directly skips the last several steps" without saying what the decoder sees; for VAR
-the partial multi-scale sum is the natural reading (dd note §3), and it is exact up to the skipped detail. The first
+the partial multi-scale sum is the natural reading (docs/methods/dd.md), exact up to the skipped detail. The first
 K - n scales are the teacher's sampler draw for draw (skip = 0 is exactly `ar`); nfe = K - n per image.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ DD (Liu et al., arXiv:2412.17153) makes an AR teacher's token draw a determinist
 q_i = FM(eps_i, p(. | q_<i)) (Eq. 4), the solution of the rectified-flow ODE x_t = (1-t) eps + t x_1 whose target is
 the mixture of Diracs sum_j p_j delta(c_j), snapped to the nearest codebook vector.
 
-The velocity is the corrected form of Eq. 3 (shared/notes/dd_distilled_decoding.md §1.2): the printed exponent has
+The velocity is the corrected form of Eq. 3 (docs/methods/dd.md, Eq. 3): the printed exponent has
 the wrong sign and lacks the 1/2 and the t on c_j. `field="printed"` keeps the printed form only so a test can show
 that it does not reproduce p.
 """

@@ -17,7 +17,7 @@ import torch
 from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
 from bench.errors import UserError
-from metrics.features import (check_choice, embed, has_reference_batch, image_files, load_extractor,
+from metrics.features import (REFERENCE_BATCH, check_choice, embed, image_files, load_extractor, npz_members,
                               reference_features)
 
 
@@ -135,7 +135,7 @@ class ImageFeatureMetric(Metric):
         present = files.require(path, f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
                                       f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place "
                                       f"it there or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
-        if present and cls.compares_with == "images" and not has_reference_batch(path):
+        if present and REFERENCE_BATCH not in npz_members(path) and cls.compares_with == "images":
             raise UserError(f"metric {spec} compares with reference images; {path} holds statistics only (no "
                             f"arr_0): fid@inception is the metric it supports")
 

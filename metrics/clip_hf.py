@@ -21,7 +21,6 @@ the model and its processor, as downloaded from openai/clip-vit-base-patch16). K
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -30,8 +29,8 @@ import torch.nn as nn
 
 from bench import files
 from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
-from bench.errors import UserError
 from metrics.inception import to_uint8
+from bench.checkpoints import from_folder, read_config
 from teachers.pretrained.hf_folder import PREFIX, folder
 
 SJD_SIZE = 299  # SJD resizes its 8-bit images to 299x299 before CLIPScore (evaluation_metrics.py:235-236)
@@ -57,10 +56,7 @@ def check(name: str) -> Path:
                                        f"as SJD uses); place it in {checkpoint_dir()}, name its parent with "
                                        f"--checkpoints or {CHECKPOINTS_ENV}, or give a path after {PREFIX!r}")
     if present:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-        if model_type != "clip":
-            raise UserError(f"clip@{name}: {path / 'config.json'} is a {model_type!r} model, not a CLIP "
-                            f"(model_type 'clip')")
+        read_config(path, model_type="clip")
     return path
 
 
@@ -110,7 +106,7 @@ def load(name: str, *, device: torch.device) -> HFCLIP:
 
     path = check(name)
     with library_bars():
-        model = CLIPModel.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device)
-        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil", local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = from_folder(CLIPModel.from_pretrained, path, dtype=torch.float32, local_files_only=True).to(device)
+        image_processor = from_folder(AutoImageProcessor.from_pretrained, path, backend="pil", local_files_only=True)
+        tokenizer = from_folder(AutoTokenizer.from_pretrained, path, local_files_only=True)
     return HFCLIP(name, model, CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer))

@@ -114,8 +114,7 @@ def reference_batch_features(extractor: ImageExtractor, path: Path, *, cache: Ca
               "preprocessing": extractor.preprocessing}
 
     def build() -> torch.Tensor:
-        with np.load(path) as f:
-            images = f[REFERENCE_BATCH]
+        images = read_npz(path, REFERENCE_BATCH)[REFERENCE_BATCH]
         return torch.cat([embed(extractor, torch.from_numpy(images[i : i + 1000]).permute(0, 3, 1, 2).float() / 255,
                                 device=device) for i in range(0, len(images), 1000)])
 
@@ -130,8 +129,7 @@ def reference_statistics(extractor: ImageExtractor, teacher: Any, *, cache: Cach
     teacher without either (its reference is the real split's features)."""
     stats = getattr(teacher, "reference_statistics", None)
     if stats is not None:
-        with np.load(checkpoint_dir() / stats[0]) as f:
-            return {"mu": f["mu"].astype(np.float64), "sigma": f["sigma"].astype(np.float64)}
+        return {k: v.astype(np.float64) for k, v in read_npz(checkpoint_dir() / stats[0], "mu", "sigma").items()}
     folder = getattr(teacher, "reference_images", None)
     if folder is not None:
         return folder_statistics(extractor, checkpoint_dir() / folder[0], cache=cache, device=device)
@@ -175,10 +173,41 @@ def folder_statistics(extractor: ImageExtractor, folder: Path, *, cache: Cache,
     return stats
 
 
-def has_reference_batch(path: Path) -> bool:
-    """Whether a reference-statistics file also holds the images (reads the archive's index only)."""
-    with np.load(path) as f:
-        return REFERENCE_BATCH in f.files
+def _open_npz(path: Path):
+    """The archive of an .npz file the user provides; damaged, cut short or a single .npy is one `UserError`."""
+    import zipfile
+
+    try:
+        f = np.load(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        why = (str(exc).split(". ")[0].strip() or "the file ends early")[:200]
+        raise UserError(f"{path}: not an .npz archive, or a damaged or truncated one ({why})") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise UserError(f"{path}: holds a single array (.npy), not an .npz archive of named arrays")
+    return f
+
+
+def npz_members(path: Path) -> list[str]:
+    """The array names of an .npz file (reads the archive's index only): a reference file checked at plan time."""
+    with _open_npz(path) as f:
+        return list(f.files)
+
+
+def read_npz(path: Path, *names: str) -> dict[str, np.ndarray]:
+    """The arrays `names` of an .npz file the user provides (ADM's reference batches and statistics); a damaged file,
+    or one without them, is one `UserError` naming it."""
+    import zipfile
+    import zlib
+
+    with _open_npz(path) as f:
+        missing = [n for n in names if n not in f.files]
+        if missing:
+            raise UserError(f"{path}: no array {missing[0]!r}; it holds {', '.join(f.files) or 'none'}")
+        try:
+            return {n: f[n] for n in names}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise UserError(f"{path}: cannot read its arrays, damaged, truncated or of objects ({str(exc)[:200]})") \
+                from None
 
 
 class Features(nn.Module):

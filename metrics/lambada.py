@@ -1,13 +1,14 @@
 """LAMBADA-style last-word accuracy and perplexity through lm-eval (EleutherAI harness 0.4.13), the downstream check of
-SDTT (arXiv:2410.21035 §4.1; the note's §3.4), on a local task built from held-out passages of the teacher's corpus.
+SDTT (arXiv:2410.21035 §4.1; docs/methods/sdtt.md), on a local task from held-out passages of the teacher's corpus.
 
 `lambada_openai` needs the hub; the local task has the same definition (context = the text up to its last space,
 target = " " + last word, metrics `acc` and `perplexity`) over test-split documents of at least `MIN_WORDS` words.
 It runs as a task of the runner (`bench.runner.execute`, the `accelbench lambada` command): planned, budgeted and
 logged like any trial. The harness scores three kinds of model:
-- `MDLMHarnessLM`: a masked-diffusion denoiser (a teacher's or an SDTT student's). As the paper evaluates it, `is_greedy`
-  is single-pass decoding: every target token masked, one forward pass, correct only if every token's argmax is right;
-  the log-likelihood is the NELBO bound over the target given the context, averaged over `ELBO_SAMPLES` antithetic t.
+- `MDLMHarnessLM`: a masked-diffusion denoiser (a teacher's or an SDTT student's). As the paper evaluates it,
+  `is_greedy` is single-pass decoding: every target token masked, one forward pass, correct only if every token's
+  argmax is right; the log-likelihood is the NELBO bound over the target given the context, averaged over
+  `ELBO_SAMPLES` antithetic t.
 - `CausalHarnessLM`: our tiny causal LMs (teacher forcing, greedy = every target token is the argmax).
 - lm-eval's own `HFLM` on a Hugging Face causal LM teacher (SmolLM2-135M-Instruct; `hf_lm`).
 """

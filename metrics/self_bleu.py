@@ -2,7 +2,7 @@
 by BLEU as the hypothesis against all the other samples as references, and the scores are averaged; 1 = every sample
 the same, lower = more diverse.
 
-BLEU is nltk's `sentence_bleu` (BLEU-4, uniform weights, smoothing method 1, the choices the SDTT note recommends since
+BLEU is nltk's `sentence_bleu` (BLEU-4, uniform weights, smoothing method 1, our choices (docs/methods/sdtt.md) since
 the paper states none) on whitespace-split words, on a 0-1 scale. It is O(n^2) in the number of samples: the first
 `max_samples` are scored (deterministically), and the key states the n-gram order and the number used,
 "self_bleu.bleu4-n<N>". On a teacher of a prompted protocol (`mdlm-owt-prompted`, SDTT's: 5 continuations per prompt)

@@ -15,9 +15,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.names import SEC_PER_SAMPLE  # noqa: E402
+from bench.registry import METHODS  # noqa: E402
 from reports.tables import TrialRun, natural, quality_columns, shown_knobs  # noqa: E402
 
-WINDOW_KNOBS = ("window", "gamma")
 MARKERS = "os^Dv"
 
 
@@ -59,10 +60,13 @@ class Point(NamedTuple):
     quality_std: float
 
 
+def _spread(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def _point(values: list[tuple[float, float]]) -> Point:
     ts, qs = [t for t, _ in values], [q for _, q in values]
-    spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-    return Point(statistics.fmean(ts), statistics.fmean(qs), spread(ts), spread(qs))
+    return Point(statistics.fmean(ts), statistics.fmean(qs), _spread(ts), _spread(qs))
 
 
 def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
@@ -72,11 +76,11 @@ def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
     groups: dict = {}
     for r in runs:
         if key in r.metrics:
-            groups.setdefault(_label(r, runs), []).append((1000 * r.metrics["sec_per_sample_median"], r.metrics[key]))
+            groups.setdefault(_label(r, runs), []).append((1000 * r.metrics[SEC_PER_SAMPLE], r.metrics[key]))
         if f"ref/{key}" in r.metrics:
             setting = "".join(f", {k}={r.ref_knobs[k]}" for k in varying)
             by_seed = groups.setdefault(f"{r.reference} (teacher{setting})", {})  # one reference arm per seed
-            by_seed.setdefault(r.seed, (1000 * r.metrics["ref/sec_per_sample_median"], r.metrics[f"ref/{key}"]))
+            by_seed.setdefault(r.seed, (1000 * r.metrics["ref/" + SEC_PER_SAMPLE], r.metrics[f"ref/{key}"]))
     return {label: _point(list(v.values()) if isinstance(v, dict) else v)
             for label, v in sorted(groups.items(), key=lambda kv: natural(kv[0]))}
 
@@ -104,11 +108,16 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     return _save(fig, out, f"quality_vs_time_{teacher}.png")
 
 
+def _window_knob(method: str) -> str | None:
+    """The method's `window_knob`; None for a method this install does not register (a plugin's not loaded)."""
+    return METHODS.get(method).window_knob if method in METHODS.names() else None
+
+
 def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
     series: dict = {}
     for r in runs:
-        knob = next((k for k in WINDOW_KNOBS if k in r.knobs), None)
-        if knob is None:
+        knob = _window_knob(r.method)
+        if knob not in r.knobs:
             continue
         label = _label(r, runs, exclude=(knob,))
         series.setdefault((label, knob), {}).setdefault(float(r.knobs[knob]), []).append(r.metrics["step_compression"])

@@ -4,20 +4,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.errors import UserError
+from bench.names import KIND_TAG, STUDY, TRIAL
 from reports.plots import acceptance_vs_window, quality_vs_time, study_history, study_importances
 from reports.tables import TrialRun, build_markdown
 
 
 def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialRun]:
-    from mlflow.tracking import MlflowClient
+    from bench.tracking import client as store_client
 
-    client = MlflowClient(tracking_uri=uri)
+    client = store_client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
         raise UserError(f"no MLflow experiment {experiment!r} in {uri}; it has: {', '.join(names) or '(none)'} "
                         f"(--experiment NAME)")
-    query = "tags.`accelbench.kind` = 'trial' and attributes.status = 'FINISHED'"
+    query = f"tags.`{KIND_TAG}` = '{TRIAL}' and attributes.status = 'FINISHED'"
     if filter_string:
         query += f" and {filter_string}"
     runs, token = [], None
@@ -31,11 +32,11 @@ def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialR
 
 def _studies(uri: str, experiment: str) -> list[tuple[str, dict]]:
     """(study name, parent-run params) of every sweep logged in the experiment."""
-    from mlflow.tracking import MlflowClient
+    from bench.tracking import client as store_client
 
-    client = MlflowClient(tracking_uri=uri)
+    client = store_client(uri)
     exp = client.get_experiment_by_name(experiment)
-    parents = client.search_runs([exp.experiment_id], "tags.`accelbench.kind` = 'study'", max_results=1000)
+    parents = client.search_runs([exp.experiment_id], f"tags.`{KIND_TAG}` = '{STUDY}'", max_results=1000)
     return sorted((r.data.tags["study_name"], dict(r.data.params)) for r in parents if "objectives" in r.data.params)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from bench.paper import SPEED_KEYS, from_tags
+from bench.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has
@@ -47,8 +48,8 @@ class TrialRun:
     @classmethod
     def from_mlflow(cls, run) -> "TrialRun":
         p, tags = run.data.params, run.data.tags
-        if "accelbench.knobs" in tags:  # knobs logged under their own names
-            knobs = {k: p[k] for k in tags["accelbench.knobs"].split(",") if k in p}
+        if KNOBS_TAG in tags:  # knobs logged under their own names
+            knobs = {k: p[k] for k in tags[KNOBS_TAG].split(",") if k in p}
         else:  # a store written before knobs had their own names: "params.<knob>"
             knobs = {k[len("params."):]: v for k, v in p.items() if k.startswith("params.")}
         ref = {k[len("ref."):]: v for k, v in p.items() if k.startswith("ref.")}
@@ -121,10 +122,10 @@ class Column:
 
 
 def _columns(quality) -> list[Column]:
-    return [Column("NFE / sample ↓", "nfe_per_sample", digits=1),
-            Column("ms / sample ↓", "sec_per_sample_median", 1000),
-            Column("speed-up wall ↑", "speedup_wall", suffix="×"),
-            Column("speed-up steps ↑", "speedup_steps", suffix="×"),
+    return [Column("NFE / sample ↓", NFE_PER_SAMPLE, digits=1),
+            Column("ms / sample ↓", SEC_PER_SAMPLE, 1000),
+            Column("speed-up wall ↑", SPEEDUP_WALL, suffix="×"),
+            Column("speed-up steps ↑", SPEEDUP_STEPS, suffix="×"),
             *(Column(_header(k, h), k) for k, h in quality)]
 
 
@@ -199,11 +200,11 @@ def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int
     """A row per extra baseline arm the method's runs carry (e.g. SDTT's teacher at the student's step count and the AR
     LM), its speed-ups against the same runs' reference arms."""
     rows = []
-    arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/nfe_per_sample")} - {"ref", "fit"})
+    arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/" + NFE_PER_SAMPLE)} - {"ref", "fit"})
     for arm in arms:
-        m = [r.metrics for r in rs if f"{arm}/nfe_per_sample" in r.metrics]
-        ratios = {"speedup_wall": [x["ref/sec_per_sample_median"] / x[f"{arm}/sec_per_sample_median"] for x in m],
-                  "speedup_steps": [x["ref/nfe_per_sample"] / x[f"{arm}/nfe_per_sample"] for x in m]}
+        m = [r.metrics for r in rs if f"{arm}/{NFE_PER_SAMPLE}" in r.metrics]
+        ratios = {SPEEDUP_WALL: [x["ref/" + SEC_PER_SAMPLE] / x[f"{arm}/{SEC_PER_SAMPLE}"] for x in m],
+                  SPEEDUP_STEPS: [x["ref/" + NFE_PER_SAMPLE] / x[f"{arm}/{NFE_PER_SAMPLE}"] for x in m]}
 
         def values(c: Column, m=m, ratios=ratios, arm=arm):
             return ratios.get(c.key) or [x[f"{arm}/{c.key}"] for x in m if f"{arm}/{c.key}" in x]
@@ -218,7 +219,7 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
     and setting with the most seeds: the speed-ups and the first quality metric of both arms, over seeds."""
     best: dict = {}
     for r in runs:
-        if r.tags.get("accelbench.headline") != "true":
+        if r.tags.get(HEADLINE_TAG) != "true":
             continue
         key = (r.teacher, shown_knobs(r, runs), r.batch_size, tuple(sorted(r.ref_knobs.items())), r.n_samples)
         best.setdefault(r.method, {}).setdefault(key, {}).setdefault(r.seed, r)
@@ -239,8 +240,8 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
             cells = [_fmt([r.metrics[key] for r in rs if key in r.metrics], 2),
                      _fmt([r.metrics[f"ref/{key}"] for r in rs if f"ref/{key}" in r.metrics], 2)]
         lines.append("| " + " | ".join([method, teacher, knobs, str(batch), str(len(rs)),
-                                        _fmt([r.metrics["speedup_wall"] for r in rs], 2, "×"),
-                                        _fmt([r.metrics["speedup_steps"] for r in rs], 2, "×"), name, *cells]) + " |")
+                                        _fmt([r.metrics[SPEEDUP_WALL] for r in rs], 2, "×"),
+                                        _fmt([r.metrics[SPEEDUP_STEPS] for r in rs], 2, "×"), name, *cells]) + " |")
     return lines
 
 

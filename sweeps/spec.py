@@ -9,8 +9,8 @@ space:
   init: {type: categorical, choices: [random, repeat-left]}
 objectives:                       # a metric logged by the runner, and its direction
   - {metric: speedup_wall, direction: maximize}
-constraints:                      # feasible iff metric <= ref/metric + max_over_ref (the teacher arm's value),
-  - {metric: fid.digits-cnn, max_over_ref: 1.0}   # or, for a higher-is-better guard, metric >= ref/metric - min_under_ref
+constraints:                      # feasible iff metric <= ref/metric + max_over_ref (the teacher arm's value), or,
+  - {metric: fid.digits-cnn, max_over_ref: 1.0}   # for a higher-is-better guard, metric >= ref/metric - min_under_ref
 sampler: tpe                      # tpe (default, single objective), nsga2 (default, multi-objective), grid
 pruner: none                      # none or median (prunes between seeds)
 n_trials: 20

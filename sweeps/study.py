@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from bench.cache import Cache
 from bench.errors import UserError
+from bench.names import KIND_TAG, STUDY
 from bench.runner import RunOptions, run_trial
 from bench.tracking import Tracker, check_reachable, owner_alive
 from sweeps.spec import StudySpec
@@ -123,7 +124,7 @@ def open_study(spec: StudySpec, storage, tracker: Tracker) -> optuna.Study:
             study.set_metric_names(names)
     if PARENT_ATTR not in study.user_attrs:
         run = tracker.client.create_run(tracker.experiment_id, run_name=f"study:{spec.study}",
-                                        tags={"accelbench.kind": "study", "study_name": spec.study})
+                                        tags={KIND_TAG: STUDY, "study_name": spec.study})
         # What a report needs to plot the study from MLflow alone: the objectives and the searched knobs.
         tracker.client.log_batch(run.info.run_id, params=[
             Param("objectives", ",".join(f"{o.metric}:{o.direction}" for o in spec.objectives)),

@@ -1,5 +1,4 @@
 """Shared fixtures: an isolated cache and MLflow store per test session, offline hub settings."""
-import dataclasses
 import os
 import uuid
 from pathlib import Path

@@ -398,7 +398,7 @@ def tiny_llamagen_teacher(device="cpu"):
 
 EMU3_SPECIALS = {"pad": "<|endoftext|>", "eol": "<|extra_200|>", "eof": "<|extra_201|>", "bos": "<|extra_203|>",
                  "eos": "<|extra_204|>", "wrapper": "<|image token|>", "boi": "<|image start|>",
-                 "eoi": "<|image end|>", "image": "<image>"}  # the strings of real_checkpoints.md §3d
+                 "eoi": "<|image end|>", "image": "<image>"}  # Emu3's special-token strings (docs/checkpoints.md)
 EMU3_PROMPTS = ("a photo of a cat", "a red bus on a street", "two dogs playing in the snow", "a bowl of fruit")
 
 
@@ -664,8 +664,8 @@ class TinyOfficialMAR(MARH):
     @classmethod
     def files(cls):
         folder = _files("tiny-mar-official", _write_mar)
-        return (folder / "mar" / "mar_huge" / "checkpoint-last.pth", folder / "mar" / "mar_base" / "checkpoint-last.pth",
-                folder / "vae" / "kl16.ckpt")
+        return (folder / "mar" / "mar_huge" / "checkpoint-last.pth",
+                folder / "mar" / "mar_base" / "checkpoint-last.pth", folder / "vae" / "kl16.ckpt")
 
 
 def tiny_official_mar_teacher(device="cpu"):

@@ -28,3 +28,13 @@ def test_looking_up_one_entry_imports_no_other():
     assert "methods.sjd" in loaded and "methods.base" in loaded
     assert not [m for m in loaded if m.startswith(("methods.dd", "methods.ard", "methods.cspd", "methods.sdtt",
                                                      "metrics.", "teachers.tiny", "teachers.pretrained"))], loaded
+
+
+def test_no_pointer_leaves_the_repository():
+    """Comments and docs cite the repository's own pages (docs/), never notes outside a user's clone."""
+    files = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.md"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    offenders = [f for f in files if not f.startswith("docs/") and (ROOT / f).is_file()
+                 and any(p in (ROOT / f).read_text(encoding="utf-8", errors="replace")
+                         for p in ("shared" + "/notes", "../" + "shared"))]
+    assert not offenders, offenders

@@ -86,7 +86,8 @@ def test_sjd_on_the_real_smollm2_end_to_end(store, cache, capsys):
     m, p = run.data.metrics, run.data.params
     assert p["reference"] == "ar" and p["ref.top_p"] == "1.0" and run.data.tags["family"] == "ar-token"
     assert m["ref/nfe_per_sample"] == 64 and m["ref/step_compression"] == 1 and 1 <= m["step_compression"] <= 4
-    for key in ("acceptance_rate", "speedup_wall", "gen_ppl.smollm2-135m-instruct-q4", "ref/gen_ppl.smollm2-135m-instruct-q4"):
+    for key in ("acceptance_rate", "speedup_wall", "gen_ppl.smollm2-135m-instruct-q4",
+                "ref/gen_ppl.smollm2-135m-instruct-q4"):
         assert key in m, key
     assert "samples.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
@@ -210,8 +211,10 @@ class OtherFamilyMethod(AR):
 @pytest.mark.parametrize("args, message", [
     (["--teacher", "nope", "--method", "sjd"],
      "unknown teacher 'nope'; valid: anole-7b, digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
-    (["--teacher", "digits-ar-t2i", "--method", "nope"], "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
-    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"], "unknown metric 'nope'; valid: clip, entropy"),
+    (["--teacher", "digits-ar-t2i", "--method", "nope"],
+     "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
+    (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"],
+     "unknown metric 'nope'; valid: clip, entropy"),
     (["--teacher", "wordnet-mdlm", "--method", "mdlm", "--metric", "fid"],
      "metric 'fid' scores image samples; teacher 'wordnet-mdlm' generates text; valid metrics: entropy, gen_ppl"),
     (["--teacher", "wordnet-mdlm", "--method", "sdtt", "--param", "divergence=kl"], "'divergence' must be one of kld"),

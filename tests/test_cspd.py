@@ -1,5 +1,5 @@
-"""CSpD (arXiv:2411.11925) on the continuous-AR and masked (MAR) fakes: losslessness of `exact`, the biases of `paper` and `released`,
-counting, and the ragged KV cache the batched verifier relies on."""
+"""CSpD (arXiv:2411.11925) on the continuous-AR and masked (MAR) fakes: losslessness of `exact`, the biases of `paper`
+and `released`, counting, and the ragged KV cache the batched verifier relies on."""
 import math
 
 import pytest
@@ -60,7 +60,7 @@ def test_exact_mode_samples_the_target_law_and_the_other_modes_do_not():
     for pos in range(3):
         assert stats.ks_2samp(exact.data[:, pos, 0], ref[:, pos, 0]).pvalue > 1e-3
     assert abs(_lag1_corr(exact.data) - _lag1_corr(ref)) < 0.03  # the joint law too, not just marginals
-    # The paper's Sigma with unequal step stds, and the released code's scheme, move the law (note, Sec. 6.3).
+    # The paper's Sigma with unequal step stds, and the released code's scheme, move the law (docs/methods/cspd.md).
     for mode in ("paper", "released"):
         biased = _run(teacher, n, gamma=2, steps=6, mode=mode, final_noise=True, seed=2).data
         worst = min(stats.ks_2samp(biased[:, pos, 0], ref[:, pos, 0]).pvalue for pos in range(3))

@@ -3,7 +3,7 @@
 Speculative sampling between Gaussians and a mixture is exact, the Sigma-weighted residual sampler (Eq. 13) draws from
 max(0, Sigma p - q) / Z, Theorem 1 and Eq. 7 of the trajectory alignment hold, the max_tries fallback is flagged, and
 the paper's Sigma rule (Eq. 8) is biased unless the two models' step stds agree
-(shared/notes/cspd_continuous_speculative_decoding.md, Sec. 1.3-1.8 and 6).
+(docs/methods/cspd.md).
 """
 import math
 
@@ -130,7 +130,7 @@ def test_sigma_weighted_residual_follows_max_sigma_p_minus_q():
 
 @pytest.mark.parametrize("log_sig", [100.0, -100.0])
 def test_extreme_sigma_stays_in_log_space(log_sig, monkeypatch):
-    # |log Sigma| reaches ~80 on real MAR and exp overflows float32 above 88 (note Sec. 1.8): alpha_s must stay in
+    # |log Sigma| reaches ~80 on MAR and exp overflows float32 above 88 (docs/methods/cspd.md): alpha_s must stay in
     # [0, 1], and log r must stay finite
     g, M, tries_cap = gen(4), 10_000, 5
     z = torch.zeros(M, 1)
@@ -198,7 +198,7 @@ def chain_marginal(m, s):
                          [("exact", 0.23, True), ("paper", 0.23, False), ("paper", 0.2, True)])
 def test_linear_gaussian_chain(mode, draft_std, exact):
     # Given the shared noise both last steps are plain Gaussians, so Sigma := 1 is Leviathan's rule and exact; the
-    # paper's Sigma = prod s_q / prod s_p is 1 only when the step stds agree (note Sec. 6.3, Toy2)
+    # paper's Sigma = prod s_q / prod s_p is 1 only when the step stds agree (docs/methods/cspd.md, 'Numerics')
     g = gen(5)
     x_T, eps = torch.randn(N, 1, generator=g), torch.randn(T, N, 1, generator=g)
     p, q = chain(x_T, eps, 0.0, 0.2), chain(x_T, eps, 0.3, draft_std)

@@ -25,7 +25,8 @@ CPU = torch.device("cpu")
 SIZES = {"train": 40, "test": 20}
 REAL = Path(FASHION_DIR)
 needs_real = pytest.mark.skipif(not all((REAL / f).is_file() for files in FASHION_FILES.values() for f in files),
-                                reason=f"Fashion-MNIST is not installed in {REAL} (apt-get install dataset-fashion-mnist)")
+                                reason=f"Fashion-MNIST is not installed in {REAL} "
+                                       "(apt-get install dataset-fashion-mnist)")
 
 
 def _write_idx(path: Path, array: torch.Tensor) -> None:

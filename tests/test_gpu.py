@@ -72,7 +72,7 @@ def test_method_samples_on_the_device(name, tmp_path):
             if teacher.modality not in cls.modalities or any(not hasattr(teacher, a) for a in cls.needs):
                 continue
             # ARD's R+D fine-tune reads the teacher's real images: the official DiT's (ImageNet) are not at hand
-            config = fast if hasattr(teacher, "dataset_name") or name != "ard" else replace(fast, gan_steps=0)
+            config = fast if hasattr(teacher, "real_images") or name != "ard" else replace(fast, gan_steps=0)
             batch = 1 if cls.batch_refusal(type(teacher), 2) else 2
             cond = teacher.conditions(batch, torch.Generator(DEVICE).manual_seed(0))
             assert _on_device(cond)

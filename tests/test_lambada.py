@@ -14,7 +14,8 @@ from teachers.pretrained import smollm2
 from teachers.data.text import load_documents
 from tests.fakes import CharTokenizer, tiny_mdlm_teacher
 
-DOCS = ["the quick brown fox jumps over the lazy dog", "too short here", "a b c d e f g h", "one two three four five six"]
+DOCS = ["the quick brown fox jumps over the lazy dog", "too short here", "a b c d e f g h",
+        "one two three four five six"]
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,8 @@ def test_per_sequence_times_match_scalar_times():
     z = _z(p=1.0)
     logp = md.subs(torch.randn(16, L, V + 1), z, MASK)
     a = md.reverse_step(logp, z, 0.5, 0.25, MASK, torch.Generator().manual_seed(3))
-    b = md.reverse_step(logp, z, torch.full((16,), 0.5), torch.full((16,), 0.25), MASK, torch.Generator().manual_seed(3))
+    b = md.reverse_step(logp, z, torch.full((16,), 0.5), torch.full((16,), 0.25), MASK,
+                        torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
 
 
@@ -93,7 +94,8 @@ def test_one_step_samples_the_product_of_marginals_exactly():
         return md.subs(logits, z, vocab)
 
     N = 20_000
-    out = md.sample_ancestral(denoise, torch.zeros(N, 0, dtype=torch.long), n, vocab, md.SamplingConfig(steps=1), generator=torch.Generator().manual_seed(0))
+    out = md.sample_ancestral(denoise, torch.zeros(N, 0, dtype=torch.long), n, vocab, md.SamplingConfig(steps=1),
+                              generator=torch.Generator().manual_seed(0))
     counts = {seq: 0 for seq in itertools.product(range(vocab), repeat=n)}
     for row in out.data.tolist():
         counts[tuple(row)] += 1

@@ -110,7 +110,7 @@ def test_missing_folder_is_one_line_naming_file_and_option(tmp_path):
 def test_not_a_clip_folder_and_unknown_choice(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     (tmp_path / "tokenizer_config.json").write_text("{}")
-    with pytest.raises(UserError, match="'gpt2' model, not a CLIP"):
+    with pytest.raises(UserError, match="model_type is 'gpt2', expected 'clip'"):
         CLIPScore.check(f"hf:{tmp_path}")
     with pytest.raises(UserError, match=r"unknown open_clip architecture .*ViT-B-16.*clip@hf:<folder>"):
         CLIPScore.check("ViT-B-61")

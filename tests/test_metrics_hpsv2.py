@@ -97,8 +97,8 @@ def test_tiny_checkpoint_score_is_the_feature_diagonal(tiny_checkpoint, digits, 
 
 
 def test_stock_vit_h_14_has_the_hps_checkpoint_layout():
-    """HPS v2 / v2.1 checkpoints are open_clip ViT-H-14 state dicts: 686 tensors (checked against the real file in
-    shared/notes/offline_ecosystem.md). Built on the meta device: no memory, no time."""
+    """HPS v2 / v2.1 checkpoints are open_clip ViT-H-14 state dicts: 686 tensors (checked against the real
+    file). Built on the meta device: no memory, no time."""
     with torch.device("meta"):
         model = open_clip.create_model("ViT-H-14", device="meta")
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}

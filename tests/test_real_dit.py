@@ -78,7 +78,7 @@ def test_checkpoint_files_raw_and_wrapped(fixture, tmp_path):
     "args" that plain `weights_only` loading refuses)."""
     import argparse
 
-    from teachers.pretrained.files import read_state_dict
+    from bench.checkpoints import read_state_dict
 
     sd = fixture["state_dict"]
     torch.save(sd, tmp_path / "raw.pt")
@@ -252,7 +252,8 @@ def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypa
     torch.save({}, tmp_path / "empty.pth")
     with mock.patch.object(FeatureExtractorInceptionV3, "load_state_dict", lambda self, state: None):
         torch.manual_seed(0)
-        net = FeatureExtractorInceptionV3("x", ["logits_unbiased"], feature_extractor_weights_path=tmp_path / "empty.pth")
+        net = FeatureExtractorInceptionV3("x", ["logits_unbiased"],
+                                          feature_extractor_weights_path=tmp_path / "empty.pth")
     torch.save(net.state_dict(), tmp_path / "weights-inception-2015-12-05-6726825d.pth")
     monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
     teacher = SimpleNamespace(reference_statistics=("absent.npz", "test-ref"))  # IS reads no reference

@@ -28,7 +28,7 @@ def test_the_structure_of_a_720px_image_is_the_papers_8193_tokens():
 
 
 def official_prefix_rule(teacher, wrapper_id):
-    """The allowed tokens of baaivision/Emu3 `Emu3PrefixConstrainedLogitsHelper` (real_checkpoints.md §3e), for
+    """The allowed tokens of baaivision/Emu3 `Emu3PrefixConstrainedLogitsHelper` (docs/checkpoints.md, 'Emu3'), for
     transformers' `PrefixConstrainedLogitsProcessor`: the offset counts from the image-wrapper token."""
     tok, H, W = teacher.processor.tokenizer, teacher.height, teacher.width
     visual = teacher.model.vocabulary_mapping.image_tokens
@@ -184,7 +184,8 @@ def test_prompt_files_in_each_format(tmp_path):
     from bench.errors import UserError
     from teachers.data.prompts import read_prompts
 
-    coco = {"annotations": [{"image_id": 9, "id": 1, "caption": "a dog. "}, {"image_id": 2, "id": 2, "caption": "a cat"},
+    coco = {"annotations": [{"image_id": 9, "id": 1, "caption": "a dog. "},
+                            {"image_id": 2, "id": 2, "caption": "a cat"},
                             {"image_id": 9, "id": 3, "caption": "a brown dog"}]}
     (tmp_path / "c.json").write_text(json.dumps(coco))
     assert read_prompts(tmp_path / "c.json") == ["a cat", "a dog."]  # one per image (its first), by image id

@@ -42,7 +42,7 @@ def test_official_logits_are_reproduced_through_the_kv_cache(fixture, ragged):
 
 def test_a_class_token_rotated_as_position_zero_would_not_match(fixture):
     """The broken variant: standard RoPE leaves position 0 as it is (cos 1, sin 0); LlamaGen zeroes the class
-    token's query and key instead (real_checkpoints.md §2d)."""
+    token's query and key instead (docs/checkpoints.md, 'LlamaGen class-to-image')."""
     model = tiny(fixture)
     model.rope[0, :, 0], model.rope[0, :, 1] = 1.0, 0.0
     with torch.no_grad():

@@ -120,7 +120,8 @@ def test_released_cspd_verifies_the_windows_of_the_released_runner(fixture):
     assert out.data.isfinite().all()
     prefill, verify = calls[: len(spec["prefill_steps"])], calls[len(spec["prefill_steps"]):]
     assert [int(c["known"].sum(1)[0]) for c in prefill] == [0, 1]
-    assert [int(c["known"].sum(1)[0]) for c in verify] == [int((v["mask_target"][0] == 0).sum()) for v in spec["verify"]]
+    assert [int(c["known"].sum(1)[0]) for c in verify] == [int((v["mask_target"][0] == 0).sum())
+                                                          for v in spec["verify"]]
     assert [c["cfg"] for c in verify] == pytest.approx([v["cfg_iter"] for v in spec["verify"]])
     assert out.counters["drafts"] == 3 * (16 - 2)
 

@@ -67,7 +67,7 @@ def test_the_cfg_ramp():
 def test_the_phi_of_each_of_the_ten_scales_breaks_the_ties_as_the_official_code():
     with torch.device("meta"):
         vq = MultiScaleVQ(MSVQConfig())
-    assert vq.quantize.quant_resi.index == [0, 0, 1, 1, 1, 2, 2, 3, 3, 3]  # real_checkpoints.md §6e
+    assert vq.quantize.quant_resi.index == [0, 0, 1, 1, 1, 2, 2, 3, 3, 3]  # docs/checkpoints.md, 'VAR'
 
 
 @pytest.mark.parametrize("depth", [16, 20, 24, 30])
@@ -77,7 +77,8 @@ def test_full_size_key_sets_equal_the_official_ones(depth):
         ours = {k: list(v.shape) for k, v in VAR(VARConfig(depth=depth)).state_dict().items()}
         vq = {k: list(v.shape) for k, v in MultiScaleVQ(MSVQConfig()).state_dict().items()}
     assert ours == official[f"var_d{depth}"]
-    assert vq == {k: s for k, s in official["vae_ch160v4096z32"].items() if not k.startswith(("encoder.", "quant_conv."))}
+    assert vq == {k: s for k, s in official["vae_ch160v4096z32"].items()
+                  if not k.startswith(("encoder.", "quant_conv."))}
 
 
 def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
@@ -97,7 +98,8 @@ def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
     assert cli.main([*args[:4], "dd", *args[5:], *fast, "--param", "steps=2"]) == 0
     assert cli.main([*args[:4], "onestep*", *args[5:], "--param", "n_pairs=64"]) == 0
     client = MlflowClient(store)
-    runs = {r.data.params["method"]: r for r in client.search_runs([client.get_experiment_by_name("var").experiment_id])}
+    runs = {r.data.params["method"]: r
+            for r in client.search_runs([client.get_experiment_by_name("var").experiment_id])}
     assert runs["ar"].data.metrics["nfe_per_sample"] == 4 and runs["ar"].data.tags["family"] == "multiscale-vq"
     assert runs["skip-scales"].data.metrics["nfe_per_sample"] == 3
     assert runs["dd"].data.metrics["nfe_per_sample"] == 2 and runs["onestep*"].data.metrics["nfe_per_sample"] == 1

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
+import bench.budget
 from bench.budget import BudgetExceeded, budget
 from bench.cache import decode
 from bench.cli import main
@@ -166,7 +168,8 @@ def test_every_run_names_its_owner(plugin, tmp_path):
     assert main(["run", "--teacher", "table-ar", "--method", "ar", "--n-samples", "2", "--tracking-uri", store,
                  "--cache-dir", str(tmp_path), "--no-progress"]) == 0
     (run,) = runs(store)
-    assert run.data.tags["accelbench.host"] == socket.gethostname() and run.data.tags["accelbench.pid"] == str(os.getpid())
+    assert run.data.tags["accelbench.host"] == socket.gethostname()
+    assert run.data.tags["accelbench.pid"] == str(os.getpid())
 
 
 # ---- tracking store down ------------------------------------------------------------------------------------------
@@ -243,6 +246,35 @@ class Watched(AR):
         return out
 
 
+class BudgetClock:
+    """Stands in for the `time` module of bench.budget: a clock that only `Stalled` moves, and that counts the
+    watchdog's looks at it."""
+
+    def __init__(self):
+        self.now, self.reads = 0.0, 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+class Stalled(AR):
+    """AR whose every call takes 1 s on the budget's clock (`clock`, set by the test), then waits until the watchdog
+    has judged that time: however slow the machine, a 1.5 s budget stops the trial in the second call."""
+
+    clock: BudgetClock
+
+    def sample(self, cond, *, generator):
+        self.clock.now += 1.0
+        seen = self.clock.reads
+        (watchdog,) = [t for t in threading.enumerate() if t.name == "accelbench-budget"]
+        while self.clock.reads < seen + 2:  # a second look after the move: the first one let the trial go on
+            time.sleep(0.001)  # the watchdog's interrupt lands here, as BudgetExceeded
+            if not watchdog.is_alive():  # pytest.fail's error is no Exception: the budget cannot re-raise it as its own
+                pytest.fail("the budget's watchdog ended without stopping the trial")
+        return super().sample(cond, generator=generator)
+
+
 def _run_in_process(tmp_path, method, *extra):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     code = main(["run", "--teacher", "table-ar", "--method", method, "--tracking-uri", store, "--cache-dir",
@@ -261,11 +293,16 @@ def test_a_trial_over_its_memory_budget_stops_with_a_clear_message(plugin, tmp_p
     assert run.info.status == "FAILED" and "memory budget" in run.data.tags["accelbench.error"]
 
 
-def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_path, capsys):
-    t0 = time.perf_counter()
-    code, store = _run_in_process(tmp_path, "ar", "--n-samples", "100000", "--time-budget", "1.5")
+def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_path, capsys, monkeypatch):
+    # On the budget's own clock loading the teacher and opening the run take no time, and each call 1 s: the trial
+    # stops in the same call on an idle or a loaded machine (a wall-clock budget stopped it anywhere, or not in time).
+    clock = BudgetClock()
+    monkeypatch.setattr(bench.budget, "time", clock)
+    monkeypatch.setattr(Stalled, "clock", clock, raising=False)
+    monkeypatch.setitem(METHODS._entries, "stalled", Stalled)
+    code, store = _run_in_process(tmp_path, "stalled", "--n-samples", "5", "--time-budget", "1.5")
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "time budget of 1.5 s exceeded" in err and time.perf_counter() - t0 < 30
+    assert code == 2 and "time budget of 1.5 s exceeded" in err and clock.now == 2  # without a budget: 0 and 5 s
     assert [r.info.status for r in runs(store)] == ["FAILED"]
 
 

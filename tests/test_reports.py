@@ -88,7 +88,8 @@ def test_table_cells_and_arithmetic(store, tmp_path):
     jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
     assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
     assert "Blank cells: the metric was not computed" in text
-    assert "unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT)" in text and "HPSV2" not in header
+    assert ("unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set "
+            "ACCELBENCH_HPSV2_CHECKPOINT)") in text and "HPSV2" not in header
     assert "runs: 4, dated 2026-09-22 to 2026-09-24 (UTC)" in text and "Test CPU" in text
 
 

@@ -209,7 +209,8 @@ def test_hf_cache_rollback_equals_full_recompute():
         tokens = torch.randint(teacher.vocab_size, (1, window), generator=g)
         cached = teacher.extend(state, tokens)[0]  # (L, V)
         with torch.no_grad():
-            full = teacher.network(input_ids=torch.cat([cond, torch.tensor([committed], dtype=torch.long), tokens], 1)).logits[0]
+            ids = torch.cat([cond, torch.tensor([committed], dtype=torch.long), tokens], 1)
+            full = teacher.network(input_ids=ids).logits[0]
         torch.testing.assert_close(cached, full[-window:].float(), atol=1e-4, rtol=1e-4)
         committed += tokens[0, : torch.randint(1, window + 1, (1,), generator=g).item()].tolist()
         teacher.rollback(state, len(committed))

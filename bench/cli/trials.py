@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.cli import options
 from bench.errors import UserError
+from bench.names import LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE
 
 
 def _trial_from_args(args):
@@ -72,15 +73,15 @@ def format_result(method: str, reference: str, m: dict[str, float]) -> str:
     """A small markdown table: the method arm, the reference arm and any extra baseline arm of the same run; speed-ups
     are against the reference arm."""
     quality = sorted(k for k in m if "." in k and "/" not in k)
-    extra = sorted({k.split("/")[0] for k in m if k.endswith("/nfe_per_sample")} - {"ref"})
+    extra = sorted({k.split("/")[0] for k in m if k.endswith("/" + NFE_PER_SAMPLE)} - {"ref"})
     head = ["arm", "NFE/sample", "tokens/step", "ms/sample (median)", "speed-up wall", "speed-up steps", *quality]
     rows = []
-    ref_sec, ref_nfe = m["ref/sec_per_sample_median"], m["ref/nfe_per_sample"]
+    ref_sec, ref_nfe = m["ref/" + SEC_PER_SAMPLE], m["ref/" + NFE_PER_SAMPLE]
     for arm, prefix in ((method, ""), (f"{reference} (reference)", "ref/"), *((a, f"{a}/") for a in extra)):
-        rows.append([arm, f"{m[prefix + 'nfe_per_sample']:.1f}", f"{m[prefix + 'step_compression']:.2f}",
-                     f"{1000 * m[prefix + 'sec_per_sample_median']:.1f}",
-                     f"{ref_sec / m[prefix + 'sec_per_sample_median']:.2f}x",
-                     f"{ref_nfe / m[prefix + 'nfe_per_sample']:.2f}x",
+        rows.append([arm, f"{m[prefix + NFE_PER_SAMPLE]:.1f}", f"{m[prefix + 'step_compression']:.2f}",
+                     f"{1000 * m[prefix + SEC_PER_SAMPLE]:.1f}",
+                     f"{ref_sec / m[prefix + SEC_PER_SAMPLE]:.2f}x",
+                     f"{ref_nfe / m[prefix + NFE_PER_SAMPLE]:.2f}x",
                      *(f"{m.get(prefix + q, float('nan')):.2f}" for q in quality)])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -141,7 +142,7 @@ def cmd_lambada(args) -> int:
         return {f"lambada.{k}": v for k, v in values.items()}
 
     cache = options.open_cache(args)
-    metrics = execute(p, score, kind="lambada", name=f"lambada:{method}:{args.teacher}", cache=cache,
+    metrics = execute(p, score, kind=LAMBADA, name=f"lambada:{method}:{args.teacher}", cache=cache,
                       tracker=Tracker(uri, args.experiment), opts=opts)
     print(f"{method} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
           f"acc {metrics['lambada.acc']:.4f}, perplexity {metrics['lambada.perplexity']:.2f}")

@@ -1,23 +1,23 @@
 """Text prompts for text-to-image teachers of real checkpoints, read from a local file (nothing is downloaded).
 
-The SJD paper (arXiv:2410.01699, Sec. 4.1; sjd note §2.2) scores its text-to-image models on MS-COCO 2017 val (5,000
+The SJD paper (arXiv:2410.01699, Sec. 4.1; docs/methods/sjd.md) scores its T2I models on MS-COCO 2017 val (5,000
 prompts, one caption per image) and on PartiPrompts (1,632). The file is `$ACCELBENCH_PROMPTS`, else COCO's caption
 annotations `captions_val2017.json` in the checkpoints folder (`--checkpoints`). Three formats, by suffix:
 - `.json`: COCO caption annotations; one prompt per image, the first of its captions in the file's order, images in
   id order. The SJD code means to take each image's longest caption but, its running maximum never being reset, in
-  effect takes one at a fixed index (sjd note §2.2); the first caption is the plain reading of "one per image".
+  effect takes one at a fixed index (docs/methods/sjd.md); the first caption is the plain reading of "one per image".
 - `.tsv`: PartiPrompts (`PartiPrompts.tsv`), the column `Prompt`;
 - `.txt`: one prompt per non-empty line.
 """
 from __future__ import annotations
 
 import csv
-import json
 import os
 from pathlib import Path
 
 from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
 from bench.errors import UserError
+from bench.files import read_json, read_text
 
 PROMPTS_ENV = "ACCELBENCH_PROMPTS"
 COCO_CAPTIONS = "captions_val2017.json"
@@ -43,18 +43,27 @@ def missing_prompts(path: Path) -> str | None:
 
 
 def read_prompts(path: Path) -> list[str]:
-    """The prompts of a file in one of `FORMATS`, in file order (COCO: by image id)."""
+    """The prompts of a file in one of `FORMATS`, in file order (COCO: by image id). A file that is not what its
+    suffix says (damaged, not text, JSON without COCO's annotations, a TSV without a `Prompt` column) is one
+    `UserError` naming it."""
     if path.suffix == ".json":
-        annotations = json.loads(path.read_text())["annotations"]
-        first: dict[int, str] = {}
-        for a in annotations:
-            first.setdefault(a["image_id"], a["caption"].strip())
-        prompts = [first[i] for i in sorted(first)]
+        data = read_json(path)
+        try:
+            first: dict[int, str] = {}
+            for a in data["annotations"]:
+                first.setdefault(a["image_id"], a["caption"].strip())
+            prompts = [first[i] for i in sorted(first)]
+        except (KeyError, TypeError, AttributeError):
+            raise UserError(f"prompt file {path}: not COCO caption annotations (a mapping whose 'annotations' hold "
+                            f"'image_id' and 'caption')") from None
     elif path.suffix == ".tsv":
-        with path.open(newline="") as fh:
-            prompts = [row["Prompt"].strip() for row in csv.DictReader(fh, delimiter="\t")]
+        rows = list(csv.DictReader(read_text(path).splitlines(), delimiter="\t"))
+        if rows and "Prompt" not in rows[0]:
+            raise UserError(f"prompt file {path}: no 'Prompt' column (PartiPrompts' TSV); its header: "
+                            f"{', '.join(map(str, rows[0]))[:200]}")
+        prompts = [(row["Prompt"] or "").strip() for row in rows]
     elif path.suffix == ".txt":
-        prompts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        prompts = [line.strip() for line in read_text(path).splitlines() if line.strip()]
     else:
         raise UserError(f"prompt file {path}: unknown format {path.suffix!r}; valid: {', '.join(FORMATS)}")
     if not prompts:

@@ -1,8 +1,9 @@
 """WebText documents from local files: OpenAI's gpt-2-output-dataset `webtext.{train,test}.jsonl` (one JSON object
 with a "text" field per line) in the checkpoints folder (`--checkpoints`).
 
-SDTT's MAUVE compares with "the first 1024 samples with at least 1024 tokens from the WebText dataset" (sdtt note
-§3.2: OpenAI's WebText, not OpenWebText); its test file is the reference side here. The train file is the text
+SDTT's MAUVE compares with "the first 1024 samples with at least 1024 tokens from the WebText dataset" (see
+docs/methods/sdtt.md: OpenAI's WebText, not OpenWebText); its test file is the reference side here. The train file
+is the text
 `mdlm-owt` is distilled on by `sdtt`: MDLM-OWT was trained on OpenWebText, an open re-creation of WebText, which is
 not at hand; WebText's own documents are the nearest local stand-in (a named departure, `teachers.pretrained.mdlm_owt`).
 """
@@ -34,8 +35,32 @@ def documents(split: str, why: str, root: Path | None = None) -> list[str]:
     reason = missing(split, why, root)
     if reason:
         raise UserError(reason)
-    with path(split, root).open() as fh:
-        return [json.loads(line)["text"] for line in fh if line.strip()]
+    return list(_texts(path(split, root)))
+
+
+def _texts(file: Path):
+    """The "text" of each non-empty line of a jsonl file; a line that is not a JSON object with a string "text" (a
+    damaged or cut file, another dataset) is one `UserError` naming the file and the line."""
+    n = 0
+    try:
+        with file.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)["text"]
+                except json.JSONDecodeError as exc:
+                    raise UserError(f"{file}: line {n} is not JSON ({exc.msg}): damaged or truncated") from None
+                except (KeyError, TypeError):
+                    text = None
+                if not isinstance(text, str):
+                    raise UserError(f"{file}: line {n} is not a WebText document (a JSON object with a \"text\" "
+                                    f"string)")
+                yield text
+    except UnicodeDecodeError:
+        raise UserError(f"{file}: not UTF-8 text (near line {n + 1}): damaged, or not the file expected") from None
+    except OSError as exc:
+        raise UserError(f"{file}: cannot read it ({exc.strerror or exc})") from None
 
 
 def reference_texts(tokenizer, n_tokens: int, why: str, root: Path | None = None) -> list[str]:

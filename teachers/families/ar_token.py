@@ -99,7 +99,7 @@ class ARTokenTeacher(Protocol):
 class GuidedNetworkTeacher:
     """`start`, `extend`, `rollback` and `select` of a teacher whose network decodes with CFG branches
     (`teachers.networks.gpt.GuidedDecoding`): the guided logits are u + s (c - u), the unconditional branch's
-    condition all `null_id` (LlamaGen's `generate`, real_checkpoints.md §2e). A ragged state is the network's
+    condition all `null_id` (LlamaGen's `generate`, docs/checkpoints.md). A ragged state is the network's
     `RaggedKVCache`, both branches of a row rolled back and selected together."""
 
     null_id: int

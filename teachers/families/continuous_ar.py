@@ -3,9 +3,9 @@
 A teacher holds two models of the same kind, `target` and `draft` (a smaller one trained on the same data). Each is a
 raster-order causal transformer (`teachers.networks.gpt`, continuous tokens in, a condition vector z per position out)
 and a per-token diffusion head (`teachers.networks.diffusion_head`). A method talks to a model only through
-`ContinuousARModel`: `start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z of the next
-positions), `rollback` (per-row cache lengths), `select` (drop finished rows) and `denoise` (run the head on given
-noise).
+`ContinuousARModel`: `start` (prefill the condition, CFG branches included), `extend` (append tokens per row, get the z
+of the next positions), `rollback` (per-row cache lengths), `select` (drop finished rows) and `denoise` (run the head
+on given noise).
 
 All randomness of a token's denoising chain is drawn up front per image and position (`TokenNoise`), so the draft and
 the target can run the same chain on the same noise (CSpD's trajectory alignment) and the target-alone sampler
@@ -21,7 +21,7 @@ import torch
 
 from bench.samples import Samples
 from teachers.families import Family
-from teachers.networks.diffusion_head import HeadOutput
+from teachers.networks.diffusion_head import HeadOutput  # what `denoise` returns: methods import it from here
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ condition vector z, and a per-token diffusion head (`teachers.networks.diffusion
 A method talks to a model only through `MaskedARModel`: `condition` (z of every position given a known set, CFG
 branches included) and `denoise` (the head's chain on given noise).
 
-The official sampler (`sample_mar`, MAR's `sample_tokens`; real_checkpoints.md §5d): a random generation order per
+The official sampler (`sample_mar`, MAR's `sample_tokens`; docs/checkpoints.md, 'MAR'): a random generation order per
 image; `num_iter` steps; after step k the first mask_len_k positions of the order stay masked, mask_len_k =
 max(1, min(#masked - 1, floor(N cos(pi/2 (k + 1) / num_iter)))) (the cosine schedule), the last step predicts all the
 rest; so positions are predicted from the end of the order towards its start. Every step re-reads the whole known set

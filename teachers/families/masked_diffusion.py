@@ -1,8 +1,8 @@
 """The masked-diffusion LM family (MDLM, Sahoo et al. 2024, arXiv:2406.07524): the protocol methods use, the
 log-linear absorbing-state schedule, the SUBS parameterisation, the NELBO and the ancestral sampler.
 
-The teacher family of SDTT (arXiv:2410.21035). Definitions follow shared/notes/sdtt_self_distillation_through_time.md
-§1: a token is masked with probability 1 - alpha_t = (1 - eps) t; the denoiser is not time-conditioned, so one forward
+The teacher family of SDTT (arXiv:2410.21035). Definitions follow docs/methods/sdtt.md (MDLM):
+a token is masked with probability 1 - alpha_t = (1 - eps) t; the denoiser is not time-conditioned, so one forward
 pass on z gives x_theta(z) whatever t is; a sampler step from t to s unmasks each masked token with probability
 (t - s) / t, drawing it from x_theta(z), and never changes an unmasked one.
 """
@@ -19,6 +19,8 @@ from bench.cache import Cache
 from bench.samples import Samples
 from teachers.families import Family
 from teachers.families.ar_token import draw
+# MDLM's DiT, the network of MDLM-OWT and of SDTT's released students: methods build and check those from here
+from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig  # noqa: F401
 
 SCHEDULE_EPS = 1e-3  # the log-linear schedule's eps: alpha_t = 1 - (1 - eps) t
 SAMPLING_EPS = 1e-5  # the sampler's last time and the smallest training time

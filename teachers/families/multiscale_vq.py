@@ -15,7 +15,7 @@ released `VAR.intermediate_sample` does (microsoft/distilled_decoding VAR/models
 mask at all (`attn_bias=None`), so there the earlier scales also attend to the later ones and the last scale's logits
 are not the teacher's conditional (`tests/test_dd_var.py` shows that they differ).
 
-The family's own sampler is VAR's `autoregressive_infer_cfg` (real_checkpoints.md §6e): at scale k the logits are
+The family's own sampler is VAR's `autoregressive_infer_cfg` (docs/checkpoints.md, 'VAR'): at scale k the logits are
 (1 + t) c - t u with t = cfg k / (K - 1) (no guidance at the first scale; at the last the usual scale is 1 + cfg),
 then VAR's top-k (ties kept) and top-p (tokens whose ascending cumulative probability is <= 1 - p removed, the most
 likely kept), no temperature, and one draw per token; the same tokens feed both CFG branches.
@@ -103,9 +103,9 @@ class NetworkTeacher:
             x.append(self._input_after(state, tokens))
         if len(x) == 1:
             return state, self.network.step(x[0], emb, state.caches)
-        x = torch.cat(x, 1)  # (R, l, C)
-        l = x.shape[1]
-        logits = self.network.step(x, emb, state.caches, self.network.attn_bias_for_masking[:, :, :l, :l])
+        x = torch.cat(x, 1)  # (R, n, C)
+        n = x.shape[1]
+        logits = self.network.step(x, emb, state.caches, self.network.attn_bias_for_masking[:, :, :n, :n])
         return state, logits[:, -self.patch_nums[state.si] ** 2 :]
 
     def _input_after(self, state: ScaleState, tokens: torch.Tensor) -> torch.Tensor:

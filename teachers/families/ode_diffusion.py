@@ -105,6 +105,14 @@ class ODEDiffusionTeacher(Protocol):
     def captions(self, cond: torch.Tensor) -> list[str]: ...
 
 
+class RealImagesTeacher(ODEDiffusionTeacher, Protocol):
+    """A teacher trained here from a dataset also gives its real images (ARD's R+D fine-tune reads them); a teacher
+    loaded from a checkpoint (DiT-XL/2) has none at hand."""
+
+    def real_images(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The split's images in the sampler's space [-1, 1] (N, C, H, W) and their class ids (N,), on the CPU."""
+
+
 def sample_ddim(teacher: ODEDiffusionTeacher, cond: torch.Tensor, s: SamplingConfig, *,
                 generator: torch.Generator) -> Samples:
     """The teacher's own sampler: K DDIM steps from x_T ~ N(0, I); one (CFG-batched) forward pass per step."""

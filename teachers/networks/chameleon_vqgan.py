@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import yaml
 
+from bench.config import read_yaml_mapping
 from teachers.networks.vq16 import AttnBlock, LDMDecoder
 
 # In the released file, not needed to decode: the encoder half (`encoder.*`, `quant_conv.*`) and, presumed from the
@@ -78,7 +78,7 @@ class ChameleonVQConfig:
         """The decoder's config from the official vqgan.yaml (`model.params`: embed_dim, n_embed, ddconfig), read as
         `ImageTokenizer.__init__` reads it; the encoder-only entries (double_z, in_channels, dropout) are not needed."""
         try:
-            params = yaml.safe_load(Path(path).read_text())["model"]["params"]
+            params = read_yaml_mapping(str(path), "VQGAN config")["model"]["params"]
             dd, given = params["ddconfig"], {**params, **params["ddconfig"]}
             for name, default in FIXED_OPTIONS.items():
                 if given.get(name, default) != default:

@@ -32,7 +32,7 @@ class DiTConfig:
     # The official DiT predicts a variance too (learned sigma): 2 * channels outputs, eps first.
     learn_sigma: bool = False
     # Which coordinate the first half of the position channels encodes: the official DiT's is the column
-    # (`get_2d_sincos_pos_embed`, real_checkpoints.md §1c); our tiny teachers were trained with the row first.
+    # (`get_2d_sincos_pos_embed`, docs/checkpoints.md); our tiny teachers were trained with the row first.
     pos_layout: str = "row-col"
 
     def __post_init__(self):

@@ -1,5 +1,5 @@
 """The decoding half of MAR's KL-16 VAE (LDM's KL autoencoder as LTH14/mar `models/vae.py` configures it;
-real_checkpoints.md §5e), in the official names: latents (B, 16, h, w) -> `post_quant_conv` -> LDM's decoder
+docs/checkpoints.md, 'MAR'), in the official names: latents (B, 16, h, w) -> `post_quant_conv` -> LDM's decoder
 (GroupNorm 32, swish, nearest upsampling, separate q/k/v single-head attention in the middle block only) -> an image
 in [-1, 1] at 16 h x 16 w. MAR's tokens are the latents scaled by 0.2325 (`SCALE`), a token per latent cell in raster
 order.

@@ -6,7 +6,7 @@ Llama blocks without biases: RMSNorm (computed in float32, eps 1e-5), fused `wqk
 (`w2(silu(w1 x) * w3 x)`), an untied output head; one class token (`cls_embedding.embedding_table`, the null class
 `num_classes` for classifier-free guidance) before `seq_len` = grid² image tokens. Positions are 2-D RoPE on
 interleaved pairs (2k, 2k+1): the first half of a head's pairs rotate by the token's row, the second half by its
-column; the class token's rotation is all zeros, so its query and key are exactly 0 (real_checkpoints.md §2d, T5).
+column; the class token's rotation is all zeros, so its query and key are exactly 0 (docs/checkpoints.md, trap T5).
 Decoding reuses `teachers.networks.gpt`'s truncatable KV caches and CFG branches, so the AR-token family's methods
 (SJD's windows and rollback, DD's student) run on it unchanged.
 

@@ -1,5 +1,5 @@
 """MAR, the masked autoregressive image model with a per-token diffusion head (Li et al., arXiv:2406.11838;
-LTH14/mar `models/mar.py`), in the official parameter names (real_checkpoints.md §5b-5d), so `checkpoint-last.pth`'s
+LTH14/mar `models/mar.py`), in the official parameter names (docs/checkpoints.md, 'MAR'), so `checkpoint-last.pth`'s
 `model_ema` loads strictly once `diffloss.net.*` is renamed to our head's names (`official_to_ours`).
 
 A bidirectional MAE-style encoder-decoder: tokens -> `z_proj`, a buffer of `buffer_size` slots in front that all
@@ -44,7 +44,7 @@ class MARConfig:
     mlp_ratio: float = 4.0
     buffer_size: int = 64
     class_rows: int = 1000  # `class_emb` rows; the unconditional embedding is `fake_latent`
-    head_width: int = 1024  # DiffLoss: read from the checkpoint, not implied by the model's name (§5b)
+    head_width: int = 1024  # DiffLoss: read from the checkpoint, not implied by the model's name (docs/checkpoints.md)
     head_depth: int = 6
     head_clip: float = 0.0  # bounded tokens only (see HeadConfig.clip); MAR's latents are unbounded
     # the blocks' and the encoder/decoder norms' eps: 1e-6 in `mar_base/large/huge`, torch's 1e-5 where MAR's

@@ -9,8 +9,8 @@ model's log-probabilities.
 Why RoPE rather than learnt absolute positions: with learnt positions (init std 0.02 or 1, `nn.TransformerEncoder`
 or our GPT blocks made bidirectional) the tiny MDLM sat on the unigram plateau (masked CE 6.4 nats = the unigram
 entropy of the corpus, at any masking rate) for all of its 2000 training steps, while the AR model of the same size
-left it within 400; the note's prototype hit the same wall (shared/notes/sdtt_self_distillation_through_time.md §6.2,
-pitfall a). A masked position's input says nothing about where it is except through its position encoding, and
+left it within 400; docs/methods/sdtt.md
+says the same. A masked position's input says nothing about where it is except through its position encoding, and
 relative positions inside attention are what the model needs to read its neighbours.
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd),
-                                 nn.Dropout(cfg.dropout))
+        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
+                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd), nn.Dropout(cfg.dropout))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, L, C = x.shape

@@ -1,13 +1,13 @@
 """MDLM's released backbone (Sahoo et al. 2024, arXiv:2406.07524; kuleshov-group/mdlm `models/dit.py` `DIT`), the
 "DDiT" of the MDLM-OWT checkpoint SDTT distils (arXiv:2410.21035 §4), in the official parameter names
-(real_checkpoints.md §7c), so that the released weights load strictly.
+(docs/checkpoints.md, 'MDLM-OWT'), so that the released weights load strictly.
 
 A DiT over token embeddings: adaLN blocks conditioned on c = SiLU(sigma_map(sigma)), rotary position embeddings
 (GPT-NeoX half split, base 10000, q and k only), bidirectional attention, LayerNorms without bias computed in float32,
 tanh-GELU MLPs, an adaLN output layer with an untied vocabulary projection. The checkpoint is trained without time
 conditioning (`time_conditioning: False`): MDLM zeroes sigma before the network, so c is one constant vector and
 `forward(z)` (sigma = 0) is the denoiser. flash-attn's packed varlen attention over equal-length sequences is
-`scaled_dot_product_attention` here (equal up to kernel rounding, real_checkpoints.md §7d). The official code runs the
+`scaled_dot_product_attention` here (equal up to kernel rounding, docs/checkpoints.md). The official code runs the
 blocks under bfloat16 autocast on a GPU; this module computes in the parameters' dtype (float32), MDLM's
 higher-precision setting (SDTT App., Fig. 9).
 """

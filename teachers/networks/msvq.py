@@ -1,5 +1,5 @@
 """The decoding half of VAR's multi-scale VQ-VAE (Tian et al. 2024, arXiv:2404.02905; FoundationVision/VAR
-`models/vqvae.py`, `quant.py`, `basic_vae.py`) in the official parameter names (real_checkpoints.md §6b-6e), so that
+`models/vqvae.py`, `quant.py`, `basic_vae.py`) in the official parameter names (docs/checkpoints.md, 'VAR'), so that
 `vae_ch160v4096z32.pth` loads strictly once its encoder and `quant_conv` (never read to decode) are dropped.
 
 Scale k's codes h_k (pn_k x pn_k, `embedding`) add to an accumulated map f_hat at the last scale's size: upsampled

@@ -1,6 +1,6 @@
 """VAR's next-scale transformer (Tian et al. 2024, arXiv:2404.02905; FoundationVision/VAR `models/var.py`,
 `basic_var.py`), DD's second teacher (arXiv:2412.17153 §5), in the official parameter names so that the released
-`var_d{16,20,24,30}.pth` load strictly (real_checkpoints.md §6).
+`var_d{16,20,24,30}.pth` load strictly (docs/checkpoints.md, 'VAR').
 
 A class-conditional transformer over the tokens of all scales at once (L = sum of pn^2 = 680): the first scale's
 input is the class embedding plus `pos_start`; the input of scale k + 1 is `word_embed` of the accumulated feature map

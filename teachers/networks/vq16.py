@@ -1,7 +1,7 @@
 """The decoding half of LlamaGen's VQ-16 image tokenizer (Sun et al., arXiv:2406.06525; FoundationVision/LlamaGen
 `tokenizer/tokenizer_image/vq_model.py`), in the official parameter names: codes -> L2-normalised code vectors ->
 `post_quant_conv` -> a convolutional decoder (GroupNorm 32, swish, nearest-neighbour upsampling, self-attention at the
-deepest level) -> an image in [-1, 1]. real_checkpoints.md §2f.
+deepest level) -> an image in [-1, 1]. docs/checkpoints.md, 'LlamaGen class-to-image'.
 
 The released `vq_ds16_c2i.pt` also holds the encoder, `quant_conv` and the codebook-usage counter, which decoding never
 reads: `load_decoder_state` drops exactly those (an allow-list; trap T2) and loads the rest strictly.

@@ -52,7 +52,7 @@ from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file
 from bench.errors import UserError
 from teachers.data.prompts import missing_prompts, read_prompts
 from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
@@ -72,18 +72,18 @@ def size_token(n_grids: int) -> str:
 def read_chameleon(folder: Path, device: torch.device, dtype: torch.dtype):
     """transformers' `ChameleonForConditionalGeneration` from a Hugging Face folder's shards, strictly, without its
     VQ-VAE encoder (`DROPPED`), QK-norm weights stored per model-parallel shard repeated over the heads."""
-    from safetensors.torch import load_file
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
     from transformers.models.chameleon.modeling_chameleon import ChameleonRotaryEmbedding
 
-    config = ChameleonConfig.from_pretrained(folder)
+    read_config(folder, model_type="chameleon")
+    config = from_folder(ChameleonConfig.from_pretrained, folder)
     with torch.device("meta"):  # no random init of weights the files replace
         model = ChameleonForConditionalGeneration(config)
     model.model.vqmodel = None
     heads = {QK_NORMS[0]: config.num_attention_heads, QK_NORMS[1]: config.num_key_value_heads}
     state = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        for key, value in load_file(shard, device=str(device)).items():
+        for key, value in read_safetensors(shard, device=str(device)).items():
             if key.startswith(DROPPED):
                 continue
             norm = next((n for n in QK_NORMS if n in key), None)
@@ -201,7 +201,7 @@ class LuminaMGPT768(PromptedImageTeacher):
         except RuntimeError as exc:
             raise UserError(f"{name}: {cls.folder} or {ckpt.name} does not fit transformers' Chameleon or the VQGAN: "
                             f"{mismatch(exc)}") from None
-        tokenizer = AutoTokenizer.from_pretrained(cls.path())
+        tokenizer = from_folder(AutoTokenizer.from_pretrained, cls.path())
         prompts = read_prompts(cls.prompt_path())
         info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
         return cls(name, model, vq.float().to(device), tokenizer, prompts, info)

@@ -8,7 +8,7 @@ Diffusion VAE `sd-vae-ft-ema/` (the Hugging Face folder stabilityai/sd-vae-ft-em
 which DiT's FID script (sample_ddp.py) decodes with: `vae.decode(latents / 0.18215)`, through diffusers'
 `AutoencoderKL`.
 
-What a checkpoint holds and how it differs from our module is in real_checkpoints.md §1: a raw state dict (training
+What a checkpoint holds and how it differs from our module is in docs/checkpoints.md: a raw state dict (training
 checkpoints wrap it in "ema"/"model" beside an argparse "args"), timm's key names for the patch embedding and the MLP,
 `adaLN_modulation` for our `ada`, a (1, L, d) `pos_embed` that is a frozen parameter inside the state dict (ours is a
 buffer outside it, recomputed in the official column-first layout and checked against the file), and 8 output
@@ -30,7 +30,7 @@ from bench.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig, sincos_2d
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import from_folder, mismatch, read_config, read_state_dict
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
 # Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).
@@ -100,7 +100,7 @@ class OfficialDiT:
     """DiT-XL/2 at 256 px, facebookresearch/DiT's DiT-XL-2-256x256.pt on SD-VAE latents; 1000 ImageNet classes.
 
     Classifier-free guidance as the official `forward_with_cfg` does it: on the first 3 of the 4 latent channels of
-    eps only (the fourth keeps the conditional eps; real_checkpoints.md §1d, trap T6). The learned variance half of
+    eps only (the fourth keeps the conditional eps; docs/checkpoints.md, trap T6). The learned variance half of
     the output is not used: DDIM (eta = 0) needs eps alone."""
 
     family: ClassVar = ode_diffusion.FAMILY
@@ -154,7 +154,8 @@ class OfficialDiT:
             network = DiT(cls.config())
         # raw as released, or the EMA weights of a training checkpoint
         network = load_into(network, read_state_dict(ckpt, ("ema", "model")))
-        vae = AutoencoderKL.from_pretrained(vae_dir, local_files_only=True).eval().requires_grad_(False)
+        read_config(vae_dir, _class_name="AutoencoderKL")
+        vae = from_folder(AutoencoderKL.from_pretrained, vae_dir, local_files_only=True).eval().requires_grad_(False)
         info = {"n_params": sum(p.numel() for p in network.parameters()) + network.pos_embed.numel()}
         return cls(name, network.to(device), vae.to(device), info)
 

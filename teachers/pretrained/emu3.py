@@ -2,13 +2,13 @@
 Fig. 10: 8193 tokens decoded in ~3500 SJD steps), through transformers' `Emu3ForConditionalGeneration`: the registered
 AR-token teacher `emu3-gen` (`ar`, `jacobi`, `sjd`).
 
-Files (real_checkpoints.md §3a): the Hugging Face folder `Emu3-Gen-hf` (config with the vocabulary map, safetensors
+Files (docs/checkpoints.md, 'Emu3'): the Hugging Face folder `Emu3-Gen-hf` (config with the vocabulary map, safetensors
 shards holding the LM and the VQ-VAE, tokenizer and processor files) in the checkpoints folder (`--checkpoints`,
 $ACCELBENCH_CHECKPOINTS), and the prompts (`teachers.data.prompts`: COCO 2017 val captions by default). On CUDA the
 model runs in bfloat16, as the official script (baaivision/Emu3 `image_generation.py`) loads it; elsewhere in float32.
 Logits are float32 either way.
 
-Generation as the official script (real_checkpoints.md §3d-3e):
+Generation as the official script (docs/checkpoints.md, 'Emu3'):
 - prompt: BOS + text + " masterpiece, film grained, best quality." + BOI + "{H}*{W}" + image-wrapper token, built by
   transformers' `Emu3Processor` (`return_for_image_generation`); H x W = 90 x 90 tokens for 720 px at ratio 1:1;
 - CFG 3.0 against the script's negative prompt, itself passed through the same image-generation processor (so it
@@ -21,7 +21,7 @@ Generation as the official script (real_checkpoints.md §3d-3e):
   visual token otherwise. It masks the guided logits before `ar_token.process` applies temperature and top-k, the
   order of transformers' processor list; top-k 2048 (`--param top_k=2048 --param cfg=3.0`, the script's values).
 The teacher's sequence is the whole structured output, H (W + 1) + 3 tokens (8193 at 720 px, the paper's count), and
-its raster `grid` is (H, W + 1): a row ends with its EOL token, as SJD's spatial initialisation expects (sjd note §1).
+its raster `grid` is (H, W + 1): a row ends with its EOL token, as SJD's spatial init expects (docs/methods/sjd.md).
 The forced positions have one allowed token, so SJD accepts their drafts or replaces them by it.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file
 from bench.errors import UserError
 from bench.training import library_bars
 from teachers.data.prompts import missing_prompts, read_prompts
+from bench.checkpoints import from_folder, read_config
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"
@@ -131,9 +132,10 @@ class Emu3Gen(PromptedImageTeacher):
         from transformers import Emu3ForConditionalGeneration, Emu3Processor
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        read_config(cls.path(), model_type="emu3")
         with library_bars():
-            model = Emu3ForConditionalGeneration.from_pretrained(cls.path(), dtype=dtype).to(device)
-            processor = Emu3Processor.from_pretrained(cls.path())
+            model = from_folder(Emu3ForConditionalGeneration.from_pretrained, cls.path(), dtype=dtype).to(device)
+            processor = from_folder(Emu3Processor.from_pretrained, cls.path())
         prompts = read_prompts(cls.prompt_path())
         info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
         return cls(name, model, processor, prompts, info)

@@ -21,6 +21,7 @@ from bench import files
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
 from bench.training import library_bars
 from teachers.data import webtext
+from bench.checkpoints import from_folder
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
 
 PREFIX = "hf:"
@@ -95,8 +96,8 @@ class HFFolderLM(HFCausalLMTeacher):
         check(name)
         path = folder(name)
         with library_bars():
-            network = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            network = from_folder(AutoModelForCausalLM.from_pretrained, path, dtype=torch.float32).to(device)
+            tokenizer = from_folder(AutoTokenizer.from_pretrained, path)
         bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         positions = context_length(network.config)
         prompts = torch.zeros(1, 0, dtype=torch.long, device=device)  # no prompt: every sample starts from BOS

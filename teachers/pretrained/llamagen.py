@@ -5,7 +5,7 @@ teachers: `llamagen-b-256` ... `llamagen-3b-384` (`ar`, `jacobi`, `sjd`, `dd`, `
 Files, in the folder named by `--checkpoints` or $ACCELBENCH_CHECKPOINTS (default ./checkpoints), by the names of
 LlamaGen's README: the GPT (`c2i_B_256.pt`, ..., `c2i_3B_384.pt`; weights under "model", or a raw state dict for the
 FSDP-trained XXL and 3B) and the VQ-16 tokenizer `vq_ds16_c2i.pt` (weights under "model"). The resolution is not in
-the file (the 256 and 384 px files have the same shapes): it comes from the registered name (real_checkpoints.md §2a).
+the file (the 256 and 384 px files have the same shapes): it comes from the registered name (docs/checkpoints.md).
 Both load strictly; only a `freqs_cis` entry (a RoPE table some checkpoints carry) and the tokenizer's encoder are
 dropped, by name.
 
@@ -27,7 +27,7 @@ from teachers.data.images import imagenet_class_names
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.vq16 import VQ16Decoder, VQDecoderConfig, load_decoder_state
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import mismatch, read_state_dict
 
 VQ_FILE = "vq_ds16_c2i.pt"
 GPT_WRAPPERS = ("model", "module", "state_dict")  # the official sampler's fallback order

@@ -48,7 +48,7 @@ from teachers.data.prompts import missing_prompts, read_prompts
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
 from teachers.networks.vq16 import VQ16Decoder, load_decoder_state
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import from_folder, mismatch, read_config, read_state_dict
 from teachers.pretrained.llamagen import DROPPED, GPT_WRAPPERS, LlamaGenC2I
 from teachers.pretrained.prompted import PromptSet
 
@@ -151,9 +151,10 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
             raise UserError(f"{name}: {gpt_file.name} or {vq_file.name} does not fit {cls.size} text-to-image at "
                             f"{cls.image_size} px: {mismatch(exc)}") from None
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        read_config(t5_dir, model_type="t5")
         with library_bars():
-            t5 = T5EncoderModel.from_pretrained(t5_dir, dtype=dtype).to(device)
-            tokenizer = AutoTokenizer.from_pretrained(t5_dir)
+            t5 = from_folder(T5EncoderModel.from_pretrained, t5_dir, dtype=dtype).to(device)
+            tokenizer = from_folder(AutoTokenizer.from_pretrained, t5_dir)
         if t5.config.d_model != gpt.cfg.caption_dim:
             raise UserError(f"{name}: {t5_dir} gives {t5.config.d_model}-wide states, the GPT reads "
                             f"{gpt.cfg.caption_dim}: FLAN-T5-XL's")

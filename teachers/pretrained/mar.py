@@ -3,9 +3,9 @@ registered masked-family teachers `mar-h` (MAR-H verifying MAR-B, the paper's ma
 MAR-B), loaded from local files (`mar`: MAR's own sampler with the target).
 
 Files, in the checkpoints folder (`--checkpoints`, $ACCELBENCH_CHECKPOINTS) laid out as MAR's `pretrained_models/`
-(real_checkpoints.md §5a): `mar/mar_huge/checkpoint-last.pth`, `mar/mar_large/...`, `mar/mar_base/...` and
+(docs/checkpoints.md, 'MAR'): `mar/mar_huge/checkpoint-last.pth`, `mar/mar_large/...`, `mar/mar_base/...` and
 `vae/kl16.ckpt`. A MAR checkpoint is a training checkpoint; its EMA weights (`model_ema`, what MAR evaluates and its
-demo loads) load strictly, the DiffLoss's depth and width read from them (§5b: not implied by the model's name). Of the
+demo loads) load strictly, the DiffLoss's depth and width read from them (not implied by the model's name). Of the
 VAE only the encoder and `quant_conv` are dropped, by name. 256 px: 256 tokens of 16 dims, 1000 ImageNet classes.
 
 MAR evaluates with 100 head steps, no noise on the last one, cfg 2.9 / 3.0 / 3.2 (B / L / H) on a linear schedule:
@@ -27,12 +27,12 @@ from teachers.data.images import imagenet_class_names
 from teachers.families import masked_ar
 from teachers.networks.kl16 import KL16Config, KL16Decoder, load_decoder_state
 from teachers.networks.mar import MAR, MARConfig, official_to_ours
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import mismatch, read_state_dict
 
 VERSION = 1  # bump when a change alters what the same files give
 SIZES = {"mar_base": dict(encoder_width=768, encoder_depth=12, encoder_heads=12),
          "mar_large": dict(encoder_width=1024, encoder_depth=16, encoder_heads=16),
-         "mar_huge": dict(encoder_width=1280, encoder_depth=20, encoder_heads=16)}  # models/mar.py, §5b
+         "mar_huge": dict(encoder_width=1280, encoder_depth=20, encoder_heads=16)}  # models/mar.py
 
 
 class MARH:
@@ -103,7 +103,8 @@ class MARH:
         with torch.device("meta"):
             vae = KL16Decoder(cls.vae_config())
         try:
-            target, draft = cls.load_network(cls.target_model, target_file), cls.load_network(cls.draft_model, draft_file)
+            target = cls.load_network(cls.target_model, target_file)
+            draft = cls.load_network(cls.draft_model, draft_file)
             load_decoder_state(vae, read_state_dict(vae_file, ("model",)))
         except (RuntimeError, KeyError) as exc:
             raise UserError(f"{name}: {target_file.name}, {draft_file.name} or {vae_file.name} does not fit "

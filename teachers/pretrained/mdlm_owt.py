@@ -1,7 +1,7 @@
 """MDLM-OWT (Sahoo et al. 2024, arXiv:2406.07524; the Hugging Face release kuleshov-group/mdlm-owt), the teacher SDTT
 distils (arXiv:2410.21035 §4): the registered masked-diffusion teacher `mdlm-owt` (`mdlm`, `sdtt`).
 
-Files, in the checkpoints folder (`--checkpoints`, real_checkpoints.md §7a):
+Files, in the checkpoints folder (`--checkpoints`, docs/checkpoints.md, 'MDLM-OWT'):
 - `mdlm-owt/`: the release's `config.json` (`hidden_dim`, `cond_dim`, `model_length`, `n_blocks`, `n_heads`,
   `dropout`, `vocab_size`, `time_conditioning`) and `model.safetensors`, whose keys carry the prefix `backbone.`
   (dropped here; a file without it loads too). The custom `modeling_mdlm.py` is not run: the weights load strictly
@@ -20,7 +20,6 @@ OpenWebText, which is not at hand here; WebText is the corpus it re-creates (a n
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,7 +32,7 @@ from bench.training import library_bars
 from teachers.data import webtext
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
-from teachers.pretrained.files import mismatch
+from bench.checkpoints import from_folder, mismatch, read_config, read_safetensors
 
 FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
 PREFIX = "backbone."  # of every key in the release's safetensors
@@ -84,7 +83,10 @@ class MDLMOWT:
     def config(cls) -> MDLMDiTConfig:
         """The network of the release's config.json (its own field names)."""
         path = cls.files()[0]
-        c = json.loads(path.read_text())
+        c = read_config(path.parent)
+        fields = ("vocab_size", "hidden_dim", "cond_dim", "model_length", "n_blocks", "n_heads")
+        if not all(isinstance(c.get(f), int) for f in fields):
+            raise UserError(f"{path}: not MDLM-OWT's configuration: expected the integers {', '.join(fields)}")
         if c.get("time_conditioning", False):
             raise UserError(f"{path}: time_conditioning is true; mdlm-owt's denoiser ignores the time (MDLM-OWT's "
                             f"release has it false)")
@@ -98,20 +100,19 @@ class MDLMOWT:
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "MDLMOWT":
-        from safetensors.torch import load_file
         from transformers import AutoTokenizer
 
         reason = cls.unavailable()
         if reason:
             raise UserError(reason)
         config, weights, gpt2 = cls.files()
-        state = {k.removeprefix(PREFIX): v for k, v in load_file(weights).items()}
+        state = {k.removeprefix(PREFIX): v for k, v in read_safetensors(weights).items()}
         try:
             network = MDLMDiT.from_state_dict(cls.config(), state)
         except RuntimeError as exc:
             raise UserError(f"{name}: {weights} does not fit {config}: {mismatch(exc)}") from None
         with library_bars():
-            tokenizer = AutoTokenizer.from_pretrained(gpt2)
+            tokenizer = from_folder(AutoTokenizer.from_pretrained, gpt2)
         if len(tokenizer) != network.cfg.vocab_size - 1:
             raise UserError(f"{name}: the tokenizer in {gpt2} has {len(tokenizer)} tokens; the model reads "
                             f"{network.cfg.vocab_size - 1} and MASK")
@@ -163,7 +164,7 @@ class MDLMOWT:
 class MDLMOWTPrompted(MDLMOWT):
     """MDLM-OWT under SDTT's conditional protocol: 50-token WebText prompts, 50 new tokens, 5 continuations each."""
 
-    # SDTT §4 and its code (sdtt note §3.2): the first 1024 WebText test documents of at least 1024 tokens, cut to
+    # SDTT §4 and its code (docs/methods/sdtt.md): the first 1024 WebText test documents of at least 1024 tokens, cut to
     # 100 tokens; the first 50 are the prompt, in-painted; 5 continuations per prompt; MAUVE on the 100 tokens, prompt
     # included, against the real 100-token prefixes; self-BLEU among each prompt's continuations.
     protocol: ClassVar[str] = "webtext-prompted"

@@ -2,7 +2,7 @@
 (arXiv:2412.17153 §5), loaded from local files as registered multi-scale VQ teachers `var-d16` ... `var-d30`
 (`ar`: the 10-scale sampler).
 
-Files, in the checkpoints folder (`--checkpoints`, $ACCELBENCH_CHECKPOINTS; real_checkpoints.md §6a), by the names of
+Files, in the checkpoints folder (`--checkpoints`, $ACCELBENCH_CHECKPOINTS; docs/checkpoints.md, 'VAR'), by the names of
 VAR's README: the transformer `var_d16.pth` ... `var_d30.pth` and the VQ-VAE `vae_ch160v4096z32.pth`, raw state
 dicts. Both load strictly (the transformer's buffers `lvl_1L`, `attn_bias_for_masking`, `zero_k_bias` included); of
 the VQ-VAE only the encoder and `quant_conv`, which decoding never reads, are dropped, by name. 256 px: 10 scales
@@ -22,7 +22,7 @@ from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
-from teachers.pretrained.files import mismatch, read_state_dict
+from bench.checkpoints import mismatch, read_state_dict
 
 VAE_FILE = "vae_ch160v4096z32.pth"
 VERSION = 1  # bump when a change alters what the same files give
@@ -105,12 +105,14 @@ class VARd20(VARC2I):
 
 
 class VARd24(VARC2I):
-    """VAR-d24 (1.03 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+    """VAR-d24 (1.03 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet
+    classes."""
 
     depth = 24
 
 
 class VARd30(VARC2I):
-    """VAR-d30 (2.01 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+    """VAR-d30 (2.01 B) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet
+    classes."""
 
     depth = 30

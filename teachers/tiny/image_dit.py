@@ -108,3 +108,7 @@ class ImageDiTTeacher(RecipeTeacher):
     def captions(self, cond: torch.Tensor) -> list[str]:
         table = caption_table(self.dataset_name)
         return [table[c][0] for c in cond[:, 0].tolist()]
+
+    def real_images(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        data = load_image_dataset(self.dataset_name, split, self.image_size)
+        return data.images * 2 - 1, data.labels

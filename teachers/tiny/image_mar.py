@@ -1,9 +1,9 @@
 """Tiny MAR-style continuous-token AR image teachers (Li et al., arXiv:2406.11838) for CSpD (arXiv:2411.11925).
 
 Tokens are raw image patches scaled to [-1, 1], in raster order (`teachers.tiny.patch_pair`). A target and a smaller
-draft are trained on the same data with the same recipe: a causal transformer (`teachers.networks.gpt`) gives the condition vector z of every position, MAR's diffusion head
-(`teachers.networks.diffusion_head`) turns it into the token; class conditioning with label dropout for CFG. Both
-models are trained and cached together on first use.
+draft are trained on the same data with the same recipe: a causal transformer (`teachers.networks.gpt`) gives the
+condition vector z of every position, MAR's diffusion head (`teachers.networks.diffusion_head`) turns it into the
+token; class conditioning with label dropout for CFG. Both models are trained and cached together on first use.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class TextLMRecipe:
     seed: int = 0
     # MDLM only. "masked_ce": the mean cross-entropy over masked tokens, which has the NELBO's optimum without its 1/t
     # weight, whose variance at L = 64 (a handful of masked tokens weighted up to 1e5 at small t, then gradient
-    # clipping) stalls a tiny model (the note's §6.2, pitfall b); "nelbo": the paper's objective. The NELBO is what
+    # clipping) stalls a tiny model (docs/methods/sdtt.md); "nelbo": the paper's objective. The NELBO is what
     # the teacher reports either way.
     loss: str = "masked_ce"
 

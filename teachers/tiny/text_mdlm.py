@@ -3,7 +3,7 @@ a text corpus and cached.
 
 MDLM's recipe at CPU scale: the log-linear schedule and antithetic times, the masked-token cross-entropy (or, with
 `loss="nelbo"`, the continuous-time NELBO; see `TextLMRecipe.loss`), AdamW, grad clip 1.0 and an EMA of the weights
-(shared/notes/sdtt_self_distillation_through_time.md §1.5). The recorded figure of merit is the NELBO per token on the
+(docs/methods/sdtt.md, 'MDLM background'). The recorded figure of merit is the NELBO per token on the
 validation chunks (a perplexity upper bound).
 """
 from __future__ import annotations
