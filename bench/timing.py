@@ -34,6 +34,53 @@ def cost_arguments(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, tor
     return args, torch.device(args.device)
 
 
+def decoder_costs(stack, head, config, *, layers: int, full_layers: int, context: int, widths: list[int],
+                  repeats: int, device: torch.device, dtype: torch.dtype, rows: int = 2
+                  ) -> dict[int, tuple[float, float, float]]:
+    """What a transformers decoder costs per call at full width, for a 1-token step and each W-token window: `stack`
+    (the base model, `layers` of its `full_layers` decoder layers) and `head` (the LM head) timed apart over a
+    `DynamicCache` holding `context` positions of random keys and values (their content does not change the cost),
+    `rows` rows (CFG: 2 per image), each call rolled back as SJD rolls back rejected drafts.
+    Returns {width: (stack seconds, head seconds, full model seconds = head + full_layers / layers x stack)}."""
+    from transformers import DynamicCache
+
+    kv, dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    with torch.inference_mode():
+        cache = DynamicCache()
+        for layer in range(layers):
+            k = torch.randn(rows, kv, context, dim, device=device, dtype=dtype)
+            cache.update(k, torch.randn_like(k), layer)
+
+        def step(width):
+            ids = torch.randint(config.vocab_size, (rows, width), device=device)
+            mask = torch.ones(rows, context + width, dtype=torch.long, device=device)
+            positions = torch.arange(context, context + width, device=device).expand(rows, -1)
+
+            def run():
+                stack(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                      use_cache=True)
+                cache.crop(-width)
+            return run
+
+        def lm_head(width):
+            h = torch.randn(rows, width, config.hidden_size, device=device, dtype=dtype)
+            return lambda: head(h)
+
+        costs = {}
+        for w in [1, *widths]:
+            s, hd = median_seconds(step(w), repeats, device), median_seconds(lm_head(w), repeats, device)
+            costs[w] = (s, hd, hd + full_layers / layers * s)
+    return costs
+
+
+def print_cost_table(costs: dict[int, tuple[float, float, float]], layers: int) -> None:
+    """`decoder_costs` as a markdown table, each call against the 1-token step."""
+    print(f"| call | {layers} layers s | LM head s | full model s (est.) | vs a 1-token step |\n|---|---|---|---|---|")
+    for w, (s, hd, full) in costs.items():
+        print(f"| {w}-token {'step' if w == 1 else 'window'} | {s:.4f} | {hd:.4f} | {full:.3f} | "
+              f"{full / costs[1][2]:.2f}x |")
+
+
 def median_seconds(fn, repeats: int, device: torch.device) -> float:
     """The median wall time of `fn()` over `repeats` calls after one warm-up call (the benchmark scripts')."""
     fn()

@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from bench.timing import cost_arguments, decoder_costs, print_cost_table
 
 FULL_LAYERS = 32
 PROMPT = 40  # a COCO prompt with Lumina-mGPT's resolution and image-start prefix
@@ -32,7 +32,7 @@ def image_tokens(size: int) -> int:
 
 
 def main() -> None:
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration, DynamicCache
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
@@ -48,43 +48,13 @@ def main() -> None:
     with torch.device(device):  # random init on the target device, in the target dtype
         model = ChameleonForConditionalGeneration._from_config(cfg, dtype=dtype).eval()
     model.model.vqmodel = None
-    heads, kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    rows = 2  # the prompt's row and the unconditional one
-
-    with torch.inference_mode():
-        cache = DynamicCache()
-        for layer in range(args.layers):
-            k = torch.randn(rows, kv, context, dim, device=device, dtype=dtype)
-            cache.update(k, torch.randn_like(k), layer)
-
-        def stack(width):
-            ids = torch.randint(cfg.vocab_size, (rows, width), device=device)
-            mask = torch.ones(rows, context + width, dtype=torch.long, device=device)
-            positions = torch.arange(context, context + width, device=device).expand(rows, -1)
-
-            def run():
-                model.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True)
-                cache.crop(-width)  # roll back, as SJD does with rejected drafts
-            return run
-
-        def head(width):
-            h = torch.randn(rows, width, cfg.hidden_size, device=device, dtype=dtype)
-            return lambda: model.lm_head(h)
-
-        costs = {}
-        for w in [1, *args.windows]:
-            s, hd = median_seconds(stack(w), args.repeats, device), median_seconds(head(w), args.repeats, device)
-            costs[w] = (s, hd, hd + FULL_LAYERS / args.layers * s)
+    costs = decoder_costs(model.model, model.lm_head, cfg, layers=args.layers, full_layers=FULL_LAYERS,
+                          context=context, widths=args.windows, repeats=args.repeats, device=device, dtype=dtype)
     print(f"Lumina-mGPT 7B / Anole 7B decoder ({FULL_LAYERS} layers extrapolated from {args.layers}; width "
-          f"{cfg.hidden_size}, {heads}/{kv} heads, vocabulary {cfg.vocab_size}), {args.size} px ({outputs} outputs), "
-          f"{args.device}, {args.dtype}, {args.threads} threads, CFG rows 2, {context} positions cached, "
-          f"median of {args.repeats}")
-    print(f"| call | {args.layers} layers s | LM head s | full model s (est.) | vs a 1-token step |")
-    print("|---|---|---|---|---|")
-    for w, (s, hd, full) in costs.items():
-        print(f"| {w}-token {'step' if w == 1 else 'window'} | {s:.4f} | {hd:.4f} | {full:.3f} | "
-              f"{full / costs[1][2]:.2f}x |")
+          f"{cfg.hidden_size}, {cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, vocabulary "
+          f"{cfg.vocab_size}), {args.size} px ({outputs} outputs), {args.device}, {args.dtype}, {args.threads} "
+          f"threads, CFG rows 2, {context} positions cached, median of {args.repeats}")
+    print_cost_table(costs, args.layers)
     print(f"{outputs} AR steps at this cost ~ {outputs * costs[1][2] / 60:.1f} min per image; SJD's 2.22x fewer steps "
           f"(paper, Table 1, Lumina-mGPT on COCO) pay off in wall time where a window costs less than 2.22 steps")
 

@@ -15,14 +15,14 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from bench.timing import cost_arguments, decoder_costs, print_cost_table
 
 FULL_LAYERS = 32
 CONTEXT = 40 + 4096  # a COCO prompt with the image prefix (~40 tokens) and half of the 8193 outputs
 
 
 def main() -> None:
-    from transformers import DynamicCache, Emu3ForCausalLM, Emu3TextConfig
+    from transformers import Emu3ForCausalLM, Emu3TextConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
@@ -33,42 +33,12 @@ def main() -> None:
     cfg = Emu3TextConfig(num_hidden_layers=args.layers)
     torch.manual_seed(0)
     model = Emu3ForCausalLM(cfg).to(device, dtype).eval()
-    heads, kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    rows = 2  # the prompt's row and the negative prompt's
-
-    with torch.inference_mode():
-        cache = DynamicCache()
-        for layer in range(args.layers):
-            k = torch.randn(rows, kv, CONTEXT, dim, device=device, dtype=dtype)
-            cache.update(k, torch.randn_like(k), layer)
-
-        def stack(width):
-            ids = torch.randint(cfg.vocab_size, (rows, width), device=device)
-            mask = torch.ones(rows, CONTEXT + width, dtype=torch.long, device=device)
-            positions = torch.arange(CONTEXT, CONTEXT + width, device=device).expand(rows, -1)
-
-            def run():
-                model.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                            use_cache=True)
-                cache.crop(-width)  # roll back, as SJD does with rejected drafts
-            return run
-
-        def head(width):
-            h = torch.randn(rows, width, cfg.hidden_size, device=device, dtype=dtype)
-            return lambda: model.lm_head(h)
-
-        costs = {}
-        for w in [1, *args.windows]:
-            s, hd = median_seconds(stack(w), args.repeats, device), median_seconds(head(w), args.repeats, device)
-            costs[w] = (s, hd, hd + FULL_LAYERS / args.layers * s)
+    costs = decoder_costs(model.model, model.lm_head, cfg, layers=args.layers, full_layers=FULL_LAYERS,
+                          context=CONTEXT, widths=args.windows, repeats=args.repeats, device=device, dtype=dtype)
     print(f"Emu3-Gen decoder ({FULL_LAYERS} layers extrapolated from {args.layers}; width {cfg.hidden_size}, "
-          f"{heads}/{kv} heads, vocabulary {cfg.vocab_size}), {args.device}, {args.dtype}, {args.threads} threads, "
-          f"CFG rows 2, {CONTEXT} positions cached, median of {args.repeats}")
-    print(f"| call | {args.layers} layers s | LM head s | full model s (est.) | vs a 1-token step |\n"
-          "|---|---|---|---|---|")
-    for w, (s, hd, full) in costs.items():
-        print(f"| {w}-token {'step' if w == 1 else 'window'} | {s:.4f} | {hd:.4f} | {full:.3f} | "
-              f"{full / costs[1][2]:.2f}x |")
+          f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, vocabulary {cfg.vocab_size}), {args.device}, "
+          f"{args.dtype}, {args.threads} threads, CFG rows 2, {CONTEXT} positions cached, median of {args.repeats}")
+    print_cost_table(costs, args.layers)
     print(f"8193 AR steps at this cost ~ {8193 * costs[1][2] / 60:.1f} min per image; SJD's ~2.3x fewer steps "
           f"(paper, Fig. 10) pay off in wall time where a window costs less than 2.3 steps")
 

@@ -185,5 +185,5 @@ def test_a_checkpoint_of_another_size_is_one_clear_error():
         def config(cls):
             return dataclasses.replace(super().config(), caption_dim=32)
 
-    with pytest.raises(UserError, match="does not fit GPT-XL text-to-image"):
+    with pytest.raises(UserError, match="does not fit GPT-XL at"):
         Wrong.load("wrong", cache=None, device=torch.device("cpu"))

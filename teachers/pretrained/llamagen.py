@@ -89,7 +89,15 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
         reason = cls.unavailable()
         if reason:
             raise UserError(reason)
-        gpt_file, vq_file = cls.files()
+        network, vq = cls.read_networks(name)
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network.to(device), vq.to(device), info)
+
+    @classmethod
+    def read_networks(cls, name: str) -> tuple[LlamaGenGPT, VQ16Decoder]:
+        """The GPT and the VQ-16 decoder from the first two of `files()`, strictly, on the CPU: a file that does not
+        fit this teacher's configuration is one `UserError`."""
+        gpt_file, vq_file = cls.files()[:2]
         state = {k: v for k, v in read_state_dict(gpt_file, GPT_WRAPPERS).items() if k not in DROPPED}
         with torch.device("meta"):  # no random init of weights the files replace
             vq = VQ16Decoder(cls.vq_config())
@@ -99,8 +107,7 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
         except RuntimeError as exc:
             raise UserError(f"{name}: {gpt_file.name} or {vq_file.name} does not fit {cls.size} at "
                             f"{cls.image_size} px: {mismatch(exc)}") from None
-        info = {"n_params": sum(p.numel() for p in network.parameters())}
-        return cls(name, network.to(device), vq.to(device), info)
+        return network, vq
 
     # ---- the ARTokenTeacher protocol (start, extend, rollback: `GuidedNetworkTeacher`) ------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

@@ -42,14 +42,14 @@ from typing import ClassVar
 import torch
 
 from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.checkpoints import from_folder, read_config
 from bench.errors import UserError
 from bench.training import library_bars
 from teachers.data.prompts import missing_prompts, read_prompts
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
-from teachers.networks.vq16 import VQ16Decoder, load_decoder_state
-from bench.checkpoints import from_folder, mismatch, read_config, read_state_dict
-from teachers.pretrained.llamagen import DROPPED, GPT_WRAPPERS, LlamaGenC2I
+from teachers.networks.vq16 import VQ16Decoder
+from teachers.pretrained.llamagen import LlamaGenC2I
 from teachers.pretrained.prompted import PromptSet
 
 VQ_FILE = "vq_ds16_t2i.pt"
@@ -140,16 +140,8 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
             raise UserError(reason)
         from transformers import AutoTokenizer, T5EncoderModel
 
-        gpt_file, vq_file, t5_dir = cls.files()
-        state = {k: v for k, v in read_state_dict(gpt_file, GPT_WRAPPERS).items() if k not in DROPPED}
-        with torch.device("meta"):  # no random init of weights the files replace
-            vq = VQ16Decoder(cls.vq_config())
-        try:
-            gpt = LlamaGenGPT.from_state_dict(cls.config(), state)
-            load_decoder_state(vq, read_state_dict(vq_file, ("model",)))
-        except RuntimeError as exc:
-            raise UserError(f"{name}: {gpt_file.name} or {vq_file.name} does not fit {cls.size} text-to-image at "
-                            f"{cls.image_size} px: {mismatch(exc)}") from None
+        gpt, vq = cls.read_networks(name)
+        t5_dir = cls.files()[2]
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         read_config(t5_dir, model_type="t5")
         with library_bars():
