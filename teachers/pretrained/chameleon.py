@@ -56,7 +56,6 @@ from bench.checkpoints import from_folder, mismatch, read_config, read_safetenso
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
-REQUIRED = ("config.json", "tokenizer_config.json")
 DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded here
 QK_NORMS = ("self_attn.q_norm.", "self_attn.k_norm.")
 START, END, NEWLINE, SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
@@ -145,26 +144,17 @@ class LuminaMGPT768(PromptedImageTeacher):
 
     # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def path(cls) -> Path:
-        return checkpoint_dir() / cls.folder
-
-    @classmethod
     def vqgan_files(cls) -> tuple[Path, Path]:
         return tuple(checkpoint_dir() / name for name in VQGAN)
 
     @classmethod
     def files(cls) -> tuple[Path, ...]:
-        return (*(cls.path() / name for name in REQUIRED), *cls.vqgan_files(), cls.prompt_path())
+        return (*(cls.path() / name for name in cls.required), *cls.vqgan_files(), cls.prompt_path())
 
     @classmethod
     def unavailable(cls) -> str | None:
-        folder = cls.path()
-        missing = [folder / name for name in REQUIRED if not (folder / name).is_file()]
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
-            missing.append(folder / "model.safetensors")
-        if missing:
-            return (f"missing {missing[0]}: place the Hugging Face folder {cls.folder} ({cls.hub}) in "
-                    f"{folder.parent}, or name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
+        if reason := cls.missing_folder():
+            return reason
         vq = [p for p in cls.vqgan_files() if not p.is_file()]
         if vq:
             return (f"missing {vq[0]}: place Chameleon's image tokenizer (Meta's release: vqgan.ckpt, vqgan.yaml) in "
@@ -173,7 +163,7 @@ class LuminaMGPT768(PromptedImageTeacher):
 
     @classmethod
     def key(cls) -> str:
-        return config_key("chameleon-t2i", cls.__name__, cls.folder_keys(cls.path()),
+        return config_key("chameleon-t2i", cls.__name__, cls.folder_keys(),
                           [file_key(p) for p in cls.vqgan_files()], file_key(cls.prompt_path()), cls.image_size,
                           VERSION)
 

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from bench.cache import Cache, config_key, file_key
 from bench.errors import UserError
 from bench.training import library_bars
 from teachers.data.prompts import missing_prompts, read_prompts
@@ -39,7 +39,6 @@ from bench.checkpoints import from_folder, read_config
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"
-REQUIRED = ("config.json", "tokenizer_config.json", "processor_config.json")
 POSITIVE_SUFFIX = " masterpiece, film grained, best quality."  # appended to every prompt by the official script
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
                    "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
@@ -65,6 +64,8 @@ class Emu3Gen(PromptedImageTeacher):
     """Emu3-Gen (8.5 B) via transformers, 720 x 720 px (90 x 90 VQ tokens, each row ending with EOL), text prompts."""
 
     folder: ClassVar[str] = FOLDER
+    hub: ClassVar[str] = f"BAAI/{FOLDER}"
+    required: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer_config.json", "processor_config.json")
     ratio: ClassVar[str] = "1:1"  # width:height
     image_area: ClassVar[int] = 518400  # 720^2, the processor's and the official config's default
 
@@ -96,27 +97,16 @@ class Emu3Gen(PromptedImageTeacher):
 
     # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def path(cls) -> Path:
-        return checkpoint_dir() / cls.folder
-
-    @classmethod
     def files(cls) -> tuple[Path, ...]:
-        return (*(cls.path() / name for name in REQUIRED), cls.prompt_path())
+        return (*(cls.path() / name for name in cls.required), cls.prompt_path())
 
     @classmethod
     def unavailable(cls) -> str | None:
-        folder = cls.path()
-        missing = [name for name in REQUIRED if not (folder / name).is_file()]
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
-            missing.append("model.safetensors")
-        if missing:
-            return (f"missing {folder / missing[0]}: place the Hugging Face folder {cls.folder} (BAAI/{FOLDER}) in "
-                    f"{folder.parent}, or name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
-        return missing_prompts(cls.prompt_path())
+        return cls.missing_folder() or missing_prompts(cls.prompt_path())
 
     @classmethod
     def key(cls) -> str:
-        return config_key("emu3-gen", cls.folder_keys(cls.path()), file_key(cls.prompt_path()), cls.ratio,
+        return config_key("emu3-gen", cls.folder_keys(), file_key(cls.prompt_path()), cls.ratio,
                           cls.image_area, POSITIVE_SUFFIX, NEGATIVE_PROMPT, VERSION)
 
     @classmethod

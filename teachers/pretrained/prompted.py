@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench.cache import file_key
+from bench.cache import CHECKPOINTS_ENV, checkpoint_dir, file_key
 from teachers.data.prompts import prompt_file
 from teachers.families import ar_token
 
@@ -90,10 +90,32 @@ class PromptedImageTeacher(PromptSet):
     forced: torch.Tensor
     image_tokens: torch.Tensor
 
-    @staticmethod
-    def folder_keys(folder: Path) -> list[str]:
-        """The content key of every file of a Hugging Face folder (its own key if it is not one)."""
+    folder: ClassVar[str]  # the model's Hugging Face folder, by its official name, in the checkpoints folder
+    hub: ClassVar[str]  # where that folder comes from (the Hugging Face repository)
+    required: ClassVar[tuple[str, ...]] = ("config.json", "tokenizer_config.json")  # besides the safetensors shards
+
+    @classmethod
+    def path(cls) -> Path:
+        return checkpoint_dir() / cls.folder
+
+    @classmethod
+    def folder_keys(cls) -> list[str]:
+        """The content key of every file of the model's folder (the path's own key where there is no folder)."""
+        folder = cls.path()
         return [file_key(p) for p in (sorted(folder.iterdir()) if folder.is_dir() else [folder])]
+
+    @classmethod
+    def missing_folder(cls) -> str | None:
+        """One line naming the first file of the model's folder that is missing (`required`, a safetensors shard),
+        where to place it and the option; None when all are there."""
+        folder = cls.path()
+        missing = [folder / name for name in cls.required if not (folder / name).is_file()]
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            missing.append(folder / "model.safetensors")
+        if not missing:
+            return None
+        return (f"missing {missing[0]}: place the Hugging Face folder {cls.folder} ({cls.hub}) in {folder.parent}, or "
+                f"name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
 
     # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
     @torch.inference_mode()
