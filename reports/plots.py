@@ -12,12 +12,12 @@ from typing import NamedTuple
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from bench.names import SEC_PER_SAMPLE
+from bench.registry import METHODS
+from reports.tables import TrialRun, natural, quality_columns, shown_knobs
 
-from bench.names import SEC_PER_SAMPLE  # noqa: E402
-from bench.registry import METHODS  # noqa: E402
-from reports.tables import TrialRun, natural, quality_columns, shown_knobs  # noqa: E402
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 MARKERS = "os^Dv"
 
