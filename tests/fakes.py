@@ -457,6 +457,28 @@ def tiny_emu3_teacher(device="cpu"):
 
 
 
+def ar_methods_through_the_cli(teacher: str, tmp_path: Path, sampling: list[str], *, n_samples: int = 2,
+                               batch_size: int = 1, init: str = "repeat-above") -> tuple[list, list[str]]:
+    """`ar`, `jacobi` and `sjd` (window 4) on `teacher` by the CLI into a fresh MLflow store, then a report of them:
+    returns the runs and the CLI arguments they shared (a caller adds its own refusals to them)."""
+    from mlflow.tracking import MlflowClient
+
+    from bench import cli
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["--teacher", teacher, "--n-samples", str(n_samples), "--batch-size", str(batch_size),
+              "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "cli", "--warmup", "0",
+              "--no-progress", *(a for p in sampling for a in ("--param", p))]
+    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4", f"init={init}"]}.items():
+        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("cli").experiment_id])
+    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
+    assert cli.main(["report", "--tracking-uri", store, "--experiment", "cli", "--out", str(tmp_path / "r")]) == 0
+    assert f"## {teacher}" in (tmp_path / "r" / "REPORT.md").read_text()
+    return runs, common
+
+
 N_CLIP_MERGES = 500  # the first BPE merges of CLIP's own vocabulary: a valid CLIP tokenizer of ~1000 tokens
 
 

@@ -12,6 +12,7 @@ from bench.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.chameleon import END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, size_token
+from tests.fakes import ar_methods_through_the_cli
 from tests.fakes_chameleon import CHAMELEON_PROMPTS, TinyAnole, TinyLumina, TinyLuminaHF, tiny_chameleon_teacher
 from tests.test_real_emu3 import support_law
 from tests.test_sjd import chi_square_p
@@ -184,23 +185,9 @@ def test_decoded_images_are_the_vqgans_of_the_image_codes(lumina, anole):
 def test_the_chameleon_loaders_run_ar_jacobi_and_sjd_from_the_cli(teacher, plugin, tmp_path):
     """The tiny Lumina-mGPT and Anole (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow,
     then a report."""
-    from mlflow.tracking import MlflowClient
-
-    from bench import cli
-
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    common = ["--teacher", teacher, "--n-samples", "2", "--batch-size", "1", "--tracking-uri", store,
-              "--cache-dir", str(tmp_path / "cache"), "--experiment", "chameleon", "--warmup", "0", "--no-progress",
-              "--param", f"cfg={CFG}", "--param", f"top_k={TOP_K}"]
-    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4", "init=repeat-above"]}.items():
-        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("chameleon").experiment_id])
+    runs, _ = ar_methods_through_the_cli(teacher, tmp_path, [f"cfg={CFG}", f"top_k={TOP_K}"])
     n = {"tiny-lumina": 11, "tiny-anole": 6}[teacher]
-    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == n for r in runs)
-    assert cli.main(["report", "--tracking-uri", store, "--experiment", "chameleon", "--out", str(tmp_path / "r")]) == 0
-    assert f"## {teacher}" in (tmp_path / "r" / "REPORT.md").read_text()
 
 
 def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):

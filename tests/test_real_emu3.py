@@ -8,7 +8,7 @@ from bench.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, structure
-from tests.fakes import EMU3_PROMPTS, tiny_emu3_teacher
+from tests.fakes import EMU3_PROMPTS, ar_methods_through_the_cli, tiny_emu3_teacher
 from tests.test_sjd import chi_square_p
 
 CFG, TOP_K = 3.0, 5
@@ -130,22 +130,10 @@ def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected():
 def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-emu3` (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow, then a report; the
     methods that read a codebook are refused in one line, and so are metrics that need real images."""
-    from mlflow.tracking import MlflowClient
-
     from bench import cli
 
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    common = ["--teacher", "tiny-emu3", "--n-samples", "2", "--batch-size", "1", "--tracking-uri", store,
-              "--cache-dir", str(tmp_path / "cache"), "--experiment", "emu3", "--warmup", "0", "--no-progress",
-              "--param", f"cfg={CFG}", "--param", f"top_k={TOP_K}"]
-    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4", "init=repeat-above"]}.items():
-        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("emu3").experiment_id])
-    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
+    runs, common = ar_methods_through_the_cli("tiny-emu3", tmp_path, [f"cfg={CFG}", f"top_k={TOP_K}"])
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 11 for r in runs)
-    assert cli.main(["report", "--tracking-uri", store, "--experiment", "emu3", "--out", str(tmp_path / "r")]) == 0
-    assert "## tiny-emu3" in (tmp_path / "r" / "REPORT.md").read_text()
     capsys.readouterr()
     assert cli.main(["run", "--method", "ar", "--metric", "fid", *common]) == 2
     assert "image metrics are @inception against val2017, e.g. fid@inception" in capsys.readouterr().err

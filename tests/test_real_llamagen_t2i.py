@@ -12,6 +12,7 @@ import torch
 from bench.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
+from tests.fakes import ar_methods_through_the_cli
 from tests.fakes_llamagen_t2i import TinyLlamaGenT2I, TinyLlamaGenT2I4, tiny_llamagen_t2i_teacher
 from tests.test_real_emu3 import support_law
 from tests.test_sjd import chi_square_p
@@ -127,22 +128,9 @@ def test_sjd_whose_ragged_cache_forgets_the_caption_padding_is_detected(monkeypa
 def test_the_t2i_loader_runs_ar_jacobi_and_sjd_from_the_cli(plugin, tmp_path):
     """`tiny-llamagen-t2i` (tests/plugins.py) through `ar`, `jacobi` and `sjd` at batch 2 by the CLI into MLflow,
     then a report."""
-    from mlflow.tracking import MlflowClient
-
-    from bench import cli
-
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    common = ["--teacher", "tiny-llamagen-t2i", "--n-samples", "4", "--batch-size", "2", "--tracking-uri", store,
-              "--cache-dir", str(tmp_path / "cache"), "--experiment", "t2i", "--warmup", "0", "--no-progress",
-              "--param", "cfg=7.5", "--param", "top_k=8"]
-    for method, params in {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"]}.items():
-        assert cli.main(["run", "--method", method, *common, *(a for p in params for a in ("--param", p))]) == 0
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("t2i").experiment_id])
-    assert sorted(r.data.params["method"] for r in runs) == ["ar", "jacobi", "sjd"]
+    runs, _ = ar_methods_through_the_cli("tiny-llamagen-t2i", tmp_path, ["cfg=7.5", "top_k=8"], n_samples=4,
+                                         batch_size=2, init="random")
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 16 for r in runs)
-    assert cli.main(["report", "--tracking-uri", store, "--experiment", "t2i", "--out", str(tmp_path / "r")]) == 0
-    assert "## tiny-llamagen-t2i" in (tmp_path / "r" / "REPORT.md").read_text()
 
 
 def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
