@@ -5,12 +5,12 @@ forever. Every run carries its owner's host, pid and process start time (`bench.
 whose owner on this host is gone is an orphan and is ended KILLED, with a tag saying why. Runs owned by other hosts
 are listed, not touched: run the doctor there. In the cache, temp files of killed builds and corrupt entries are
 deleted (`Cache.check`); a cache entry is only ever written whole, so nothing a later run would load needs fixing.
-Trials with spooled samples (`bench.spool`: killed mid-way, or running now) are listed: the same command resumes them.
+Trials with spooled samples (`core.spool`: killed mid-way, or running now) are listed: the same command resumes them.
 """
 from __future__ import annotations
 
-from bench.cache import Cache
-from bench.spool import resumable
+from core.cache import Cache
+from core.spool import resumable
 from bench.tracking import Tracker
 
 

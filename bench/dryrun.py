@@ -1,7 +1,7 @@
 """A dry run (`accelbench suite FILE --dry-run`, `accelbench run ... --dry-run`): how a user plans a paper run offline.
 
 For every trial, planned exactly as a real run plans it (names, knobs, metrics) but with its files listed instead of
-refused (`bench.files.audit`): the files it needs under `--checkpoints` and which are missing; the samples and forward
+refused (`core.files.audit`): the files it needs under `--checkpoints` and which are missing; the samples and forward
 passes of each arm (`Method.passes`, the family's sampler for the reference arm); and an estimated cost in device-hours
 from the per-pass costs the project's own cost benchmarks measured (`bench/costs.yaml`, each naming the device and the
 command that measured it). Nothing is trained, loaded or logged.
@@ -12,9 +12,9 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.config import read_yaml_mapping
-from bench.errors import UserError
-from bench.files import Needed
+from core.config import read_yaml_mapping
+from core.errors import UserError
+from core.files import Needed
 from bench.runner import Plan
 from methods.base import OwnSampler, Passes
 

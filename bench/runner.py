@@ -23,23 +23,23 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from bench import distributed, files, precision
-from bench.budget import budget
-from bench.cache import Cache
-from bench.config import build_config, config_dict, knobs
-from bench.envinfo import environment_tags, git_sha, resolve_device
-from bench.errors import UserError
-from bench.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
+from core import distributed, files, precision
+from core.budget import budget
+from core.cache import Cache
+from core.config import build_config, config_dict, knobs
+from core.envinfo import environment_tags, git_sha, resolve_device
+from core.errors import UserError
+from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
                          SPEEDUP_WALL, TRIAL)
-from bench.paper import paper_tags
-from bench.registry import METHODS, METRICS, TEACHERS
-from bench.rng import batch_seed
-from bench.samples import Samples
-from bench.spool import ArmSpool, Batch, TrialSpool, claim
-from bench.timing import latency_stats, stopwatch
+from core.paper import paper_tags
+from core.registry import METHODS, METRICS, TEACHERS
+from core.rng import batch_seed
+from core.samples import Samples
+from core.spool import ArmSpool, Batch, TrialSpool, claim
+from core.timing import latency_stats, stopwatch
 from bench.tracking import NullTracker, RunLog, Tracker
-from bench.training import progress_bars, threads, training_reports
-from bench.trial import Trial
+from core.training import progress_bars, threads, training_reports
+from core.trial import Trial
 from methods.base import OwnSampler
 from teachers import load_teacher
 
@@ -91,7 +91,7 @@ class Plan:
     config: Any
     metrics: list[MetricPlan]
     device: torch.device
-    paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`bench.paper`), if any
+    paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`core.paper`), if any
     needs: tuple[files.Needed, ...] = ()  # the files it reads from the user, listed when planned in a dry run
 
     @property
@@ -120,8 +120,8 @@ RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference
 
 def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
     """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
-    (inside `bench.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
-    paper's numbers for this trial, already checked (`bench.paper.check_paper`)."""
+    (inside `core.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
+    paper's numbers for this trial, already checked (`core.paper.check_paper`)."""
     if not files.auditing():
         return _plan(trial, paper)
     with files.audit() as needed:
@@ -301,7 +301,7 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
     method built and fitted, then `body`, whose metrics are logged. `on_start` receives the run id as soon as the run
     exists, so a caller can find the run of a trial that never returns.
 
-    In a data-parallel trial (`bench.distributed`) every rank runs this; rank 0 alone logs, and it loads the teacher
+    In a data-parallel trial (`core.distributed`) every rank runs this; rank 0 alone logs, and it loads the teacher
     and fits the method first while the other ranks wait, so whatever is trained is trained once, by rank 0, into the
     shared cache, and the others load it from there; a method that trains with DDP (`trains_on_every_rank`) fits on
     every rank at once once the teacher is cached."""

@@ -1,6 +1,6 @@
 """A suite: a YAML list of trials (× seeds) run into one MLflow experiment, resumable by trial key.
 
-An entry may carry the paper's numbers for its setting (`paper:`, see `bench.paper`); they travel with the trial's
+An entry may carry the paper's numbers for its setting (`paper:`, see `core.paper`); they travel with the trial's
 plan into its run's tags, never into the trial key.
 """
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import distributed
-from bench.cache import Cache
-from bench.config import check_seeds, knobs, read_yaml_mapping
-from bench.errors import UserError
-from bench.names import KIND_TAG, TRIAL
-from bench.paper import check_paper
-from bench.registry import METHODS, TEACHERS
+from core import distributed
+from core.cache import Cache
+from core.config import check_seeds, knobs, read_yaml_mapping
+from core.errors import UserError
+from core.names import KIND_TAG, TRIAL
+from core.paper import check_paper
+from core.registry import METHODS, TEACHERS
 from bench.runner import Plan, RunOptions, plan, run_trial
 from bench.tracking import Tracker
-from bench.trial import Trial
+from core.trial import Trial
 
 SUITE_FIELDS = {"experiment", "seeds", "defaults", "trials"}
 
@@ -87,7 +87,7 @@ def finished_keys(tracker: Tracker) -> set[str]:
 def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions,
               force: bool = False) -> tuple[int, int]:
     """Run every trial that has no finished run in the experiment yet; returns (ran, skipped). Under torchrun every
-    rank runs the same trials, in rank 0's order (`bench.distributed`)."""
+    rank runs the same trials, in rank 0's order (`core.distributed`)."""
     world = distributed.world()
     done = world.broadcast(set() if force or not world.main else finished_keys(tracker))
     todo = [p for p in suite.plans if p.trial.key() not in done]

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from bench.errors import UserError
-from bench.names import KIND_TAG, TRAINING
+from core.errors import UserError
+from core.names import KIND_TAG, TRAINING
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 TRAINING_EXPERIMENT = "accelbench-training"

@@ -6,8 +6,8 @@ doing, for every distinct trial of the suite, what the runner does before it sam
 method, build its extra arms), then writes every cache entry of the zoo's kinds into `zoo/`: the entry's bytes
 xz-compressed, with its kind, key (the hash of the recipe that made it), what it is, size, sha256 and the trials whose
 fit asked for it (a teacher, loaded once per process, names the first) in `zoo/manifest.json`, and the command, code
-version and time that built it. `bench.cache.Cache` takes an entry from there when kind and key
-match (`bench.cache.Zoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
+version and time that built it. `core.cache.Cache` takes an entry from there when kind and key
+match (`core.cache.Zoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
 i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
 """
 from __future__ import annotations
@@ -23,13 +23,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.cache import PROJECT_ZOO, Cache, decode
-from bench.config import config_dict
-from bench.envinfo import PROJECT_ROOT, git_sha
-from bench.registry import TEACHERS
+from core.cache import PROJECT_ZOO, Cache, decode
+from core.config import config_dict
+from core.envinfo import PROJECT_ROOT, git_sha
+from core.registry import TEACHERS
 from bench.runner import Plan, run_name
 from bench.suite import Suite
-from bench.training import progress_bars
+from core.training import progress_bars
 from teachers import load_teacher
 
 # What takes minutes to build and is small enough to ship: teachers, students, DD's pair tokens (onestep*, skip-n).

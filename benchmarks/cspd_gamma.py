@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from bench.cache import Cache
-from bench.config import build_config
-from bench.registry import TEACHERS
+from core.cache import Cache
+from core.config import build_config
+from core.registry import TEACHERS
 from methods.cspd import CSpD
 from metrics.features import embed, load_extractor
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
-from bench.registry import METRICS
+from core.cache import Cache
+from core.errors import UserError
+from core.registry import METRICS
 from teachers.data.images import caption_table, load_image_dataset
 
 SIZES = {"digits": 16, "fashion-mnist": 28}  # the registered teachers' image sizes

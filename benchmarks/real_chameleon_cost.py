@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, decoder_costs, print_cost_table
+from core.timing import cost_arguments, decoder_costs, print_cost_table
 
 FULL_LAYERS = 32
 PROMPT = 40  # a COCO prompt with Lumina-mGPT's resolution and image-start prefix

@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.timing import cost_arguments, median_seconds
+from core.timing import cost_arguments, median_seconds
 from methods.ard import ARDConfig, time_labels
 from methods.ard_student import ARDStudent
 from teachers.networks.dit import DiT

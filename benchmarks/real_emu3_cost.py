@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, decoder_costs, print_cost_table
+from core.timing import cost_arguments, decoder_costs, print_cost_table
 
 FULL_LAYERS = 32
 CONTEXT = 40 + 4096  # a COCO prompt with the image prefix (~40 tokens) and half of the 8193 outputs

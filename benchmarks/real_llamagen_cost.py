@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from core.timing import cost_arguments, median_seconds
 from teachers.networks.llamagen import SIZES, LlamaGenGPT, size_config
 
 

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from core.timing import cost_arguments, median_seconds
 from teachers.families import masked_ar
 from teachers.families.continuous_ar import TokenNoise
 from teachers.networks.mar import MAR

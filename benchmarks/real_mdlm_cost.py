@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from core.timing import cost_arguments, median_seconds
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
 
 

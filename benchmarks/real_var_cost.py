@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from bench.timing import cost_arguments, median_seconds
+from core.timing import cost_arguments, median_seconds
 from teachers.networks.var import VAR, VARConfig
 
 

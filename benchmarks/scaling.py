@@ -5,7 +5,7 @@
 Both runs go through the CLI (`python -m torch.distributed.run --nproc-per-node N -m bench.cli run ...`) one after
 the other, into one temporary MLflow store and one cache (the teacher is trained or taken from the zoo before the
 first timed run). Reported per run: the trial's `samples_per_sec` (the ranks' throughputs summed, each rank's from
-its own timed batches: `bench.timing.latency_stats`) for the method and the reference arm, and the wall time of the
+its own timed batches: `core.timing.latency_stats`) for the method and the reference arm, and the wall time of the
 whole command (start-up, loading and scoring included). Goal: >= 1.8x throughput on 2 ranks of a 2-core machine.
 The sample hashes of the two runs are compared too: data parallelism must not change a sample.
 

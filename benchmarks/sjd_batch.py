@@ -28,7 +28,7 @@ from collections import Counter
 
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from methods.base import OwnSampler
 from methods.sjd import SJD, SJDConfig
 from teachers import load_teacher

@@ -48,10 +48,10 @@ def throughput(workers: int, n_trials: int, n_samples: int, tmp: Path) -> tuple[
 def tracking_share(n_samples: int, tmp: Path) -> float:
     from mlflow.tracking import MlflowClient
 
-    from bench.cache import Cache
+    from core.cache import Cache
     from bench.runner import RunOptions, plan, run_trial
     from bench.tracking import Tracker
-    from bench.trial import Trial
+    from core.trial import Trial
 
     spent = [0.0]
     for name in ("create_run", "log_batch", "log_artifacts", "set_terminated", "get_experiment_by_name"):

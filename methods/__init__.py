@@ -1,5 +1,5 @@
 """Acceleration methods and their baselines, declared by import path (importing this package imports none of them)."""
-from bench.registry import METHODS
+from core.registry import METHODS
 
 METHODS.register("ar", "methods.own:AR")
 METHODS.register("ddim", "methods.own:DDIM")

@@ -26,13 +26,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench import distributed
-from bench.cache import Cache, keyed
-from bench.config import config_dict
-from bench.errors import UserError
-from bench.rng import seeded
-from bench.samples import Samples
-from bench.training import ema_update, optimizer_step, warmup_cosine
+from core import distributed
+from core.cache import Cache, keyed
+from core.config import config_dict
+from core.errors import UserError
+from core.rng import seeded
+from core.samples import Samples
+from core.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
 from methods.base import Method, Passes
@@ -64,7 +64,7 @@ class ARDConfig:
     gan_weight: float = 10.0  # ld, the multiplier of the adaptive weight
     gan_warmup: int = 0  # first R+D steps with weight 0 (the released code: 3000)
     disc_lr: float = 1e-3
-    # Train the student with DDP over the ranks torchrun started (`bench.distributed`), as the released train_ARD.py
+    # Train the student with DDP over the ranks torchrun started (`core.distributed`), as the released train_ARD.py
     # does (DiT's train.py: `--global-batch-size` split over the ranks): each rank takes its share of every global
     # batch of `batch` pairs and the ranks average their gradients, so the student is the one-process student up to
     # the order of float sums, and shares its cache key. False: rank 0 trains alone while the others wait.

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.parametrizations import spectral_norm
 
-from bench.rng import seeded
+from core.rng import seeded
 from teachers.families.ode_diffusion import DiTNetwork
 
 GAN_VERSION = 2  # part of an R+D student's cache key; 2: the discriminator's init is seeded (was the process's RNG)

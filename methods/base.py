@@ -3,7 +3,7 @@
 A method's config is a frozen dataclass whose `sampling` field is its family's `SamplingConfig`
 (`teachers.families.<family>`): the trial's reference arm, the teacher's own sampler, samples with exactly that
 config. Its knobs are addressed flat (`--param cfg=2.0` sets `sampling.cfg`); a method knob may not share a name with
-a sampling setting (`bench.config.build_config` refuses the config class).
+a sampling setting (`core.config.build_config` refuses the config class).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
-from bench.samples import Samples
+from core.cache import Cache
+from core.errors import UserError
+from core.samples import Samples
 from teachers.families import Family
 
 
@@ -71,7 +71,7 @@ class Method:
 
     @classmethod
     def trains_on_every_rank(cls, config: Any) -> bool:
-        """Whether `fit` trains with every rank of a torchrun trial at once (DDP, `bench.distributed`); by default
+        """Whether `fit` trains with every rank of a torchrun trial at once (DDP, `core.distributed`); by default
         rank 0 fits alone while the others wait, then they read its result from the cache."""
         return False
 

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from methods.base import Method, Passes
 from teachers.families import continuous_ar, masked_ar
 from teachers.families.continuous_ar import HeadOutput, TokenNoise

@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, keyed
-from bench.errors import UserError
-from bench.rng import seeded
-from bench.samples import Samples
-from bench.training import ema_decay, optimizer_step, warmup_cosine
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, keyed
+from core.errors import UserError
+from core.rng import seeded
+from core.samples import Samples
+from core.training import ema_decay, optimizer_step, warmup_cosine
 from methods import dd_released
 from methods.base import Method, Passes
 from methods.dd_pairs import PairKnobs, generate_pairs, rollout
@@ -114,7 +114,7 @@ TRAIN_KNOBS = ("t2", "ce_weight", "train_steps", "batch", "lr", "ema", "dropout"
 
 
 def _ema_with_warmup(decay: float):
-    """AveragedModel's update with `bench.training.ema_decay`."""
+    """AveragedModel's update with `core.training.ema_decay`."""
     def avg(averaged: torch.Tensor, current: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         d = ema_decay(decay, int(k))
         return d * averaged + (1 - d) * current

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from bench.cache import Cache, keyed
+from core.cache import Cache, keyed
 from methods.token_flow import FlowConfig, Solver, flow_map
 from teachers.families import multiscale_vq
 from teachers.families.ar_token import SamplingConfig, process

@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from bench.errors import UserError
-from bench.rng import seeded
+from core.errors import UserError
+from core.rng import seeded
 from teachers.families import multiscale_vq
-from bench.checkpoints import mismatch, read_state_dict
+from core.checkpoints import mismatch, read_state_dict
 
 # The released commands' settings per teacher depth (VAR/README.md, "Few-step sampling"): the paper's t2 (the
 # code's t_list 0,t2-1) and the logits/embedding split (`--loss_split_t`), in scales. d20 and d24 use {1, 5}, not

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.cache import Cache
-from bench.samples import Samples
+from core.cache import Cache
+from core.samples import Samples
 from methods.base import Method, Passes
 from methods.dd import refuse_greedy
 from methods.dd_pairs import PairKnobs, generate_pairs

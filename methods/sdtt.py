@@ -35,11 +35,11 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache, keyed
-from bench.config import config_dict
-from bench.rng import seeded
-from bench.samples import Samples
-from bench.training import ema_update, optimizer_step
+from core.cache import Cache, keyed
+from core.config import config_dict
+from core.rng import seeded
+from core.samples import Samples
+from core.training import ema_update, optimizer_step
 from methods import sdtt_released as released
 from methods.base import Method, OwnSampler, Passes
 from teachers import load_teacher

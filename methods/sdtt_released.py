@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.errors import UserError
 from teachers.families.masked_diffusion import MDLMDiT, MDLMDiTConfig
-from bench.checkpoints import mismatch, read_config, read_safetensors, safetensors_errors
+from core.checkpoints import mismatch, read_config, read_safetensors, safetensors_errors
 
 PREFIX = "backbone."  # of every key of a released student (MultiRoundSDTT.backbone)
 # `distill_mode` in the release's config -> the divergence `sdtt` names it (the code's "tvd" is `_tvd`, the L1

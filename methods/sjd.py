@@ -25,8 +25,8 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from bench.errors import UserError
-from bench.samples import Samples
+from core.errors import UserError
+from core.samples import Samples
 from methods.base import Method, Passes
 from teachers.families import ar_token
 from teachers.families.ar_token import draw, process

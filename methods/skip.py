@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.errors import UserError
-from bench.samples import Samples
+from core.errors import UserError
+from core.samples import Samples
 from methods.base import Passes
 from methods.dd_pairs import PairKnobs, rollout
 from methods.onestep import FromPairs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.errors import UserError
+from core.errors import UserError
 from methods.base import Method, Passes
 from teachers.families import multiscale_vq
 

@@ -1,5 +1,5 @@
 """Quality metrics, declared by import path (importing this package imports none of them)."""
-from bench.registry import METRICS
+from core.registry import METRICS
 
 METRICS.register("clip", "metrics.clip_score:CLIPScore")
 METRICS.register("entropy", "metrics.text_entropy:TokenEntropy")

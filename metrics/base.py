@@ -14,15 +14,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench import files
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
-from bench.errors import UserError
+from core import files
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
+from core.errors import UserError
 from metrics.features import (REFERENCE_BATCH, check_choice, embed, image_files, load_extractor, npz_members,
                               reference_features)
 
 
 # Keyword arguments of every torchmetrics metric we wrap: it computes on the samples this process holds. In a
-# data-parallel trial rank 0 alone scores, holding every sample (`bench.distributed`); torchmetrics' default would
+# data-parallel trial rank 0 alone scores, holding every sample (`core.distributed`); torchmetrics' default would
 # wait for the other ranks' states at `compute`.
 TORCHMETRICS_LOCAL = {"sync_on_compute": False}
 

@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from bench import files
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core import files
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir
 from metrics.inception import to_uint8
-from bench.checkpoints import from_folder, read_config
+from core.checkpoints import from_folder, read_config
 from teachers.pretrained.hf_folder import PREFIX, folder
 
 SJD_SIZE = 299  # SJD resizes its 8-bit images to 299x299 before CLIPScore (evaluation_metrics.py:235-236)
@@ -46,7 +46,7 @@ def key_name(name: str) -> str:
 def check(name: str) -> Path:
     """Refuse, in one line and before any work, a folder without a saved CLIP model and processor; return the folder.
 
-    Inside a dry run's audit a missing file is recorded instead (`bench.files.require`)."""
+    Inside a dry run's audit a missing file is recorded instead (`core.files.require`)."""
     path = folder(name)
     present = True
     for needed in REQUIRED:
@@ -102,7 +102,7 @@ def load(name: str, *, device: torch.device) -> HFCLIP:
     """The CLIP of the folder `hf:<folder>`, in float32, read with `local_files_only=True` (nothing is downloaded)."""
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPProcessor
 
-    from bench.training import library_bars
+    from core.training import library_bars
 
     path = check(name)
     with library_bars():

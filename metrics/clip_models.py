@@ -24,10 +24,10 @@ import torch
 import torch.nn as nn
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
-from bench.cache import Cache, config_key
-from bench.errors import UserError
-from bench.rng import seeded
-from bench.training import optimizer_step, threads
+from core.cache import Cache, config_key
+from core.errors import UserError
+from core.rng import seeded
+from core.training import optimizer_step, threads
 from teachers.data.images import load_image_dataset
 
 CLIP_VERSION = 1  # bump when training code changes what a recipe produces

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScore
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics import clip_hf
 from metrics.base import TORCHMETRICS_LOCAL, Metric
 from metrics.clip_models import OpenCLIP, check_arch, checkpoint_file, load_open_clip, load_small_clip

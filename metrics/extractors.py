@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench.cache import Cache, config_key
-from bench.rng import seeded
-from bench.training import optimizer_step, threads
+from core.cache import Cache, config_key
+from core.rng import seeded
+from core.training import optimizer_step, threads
 from teachers.data.images import load_image_dataset
 
 EXTRACTOR_VERSION = 1  # bump when training code changes what a recipe produces

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from bench.cache import Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.images import load_image_dataset
 
 CHOICES = ("cnn", "inception")

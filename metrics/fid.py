@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from bench.cache import Cache
+from core.cache import Cache
 from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features, reference_statistics
 

@@ -50,7 +50,7 @@ import math
 
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 from metrics.base import Metric
 from teachers import load_teacher
 from teachers.pretrained import hf_folder, smollm2
@@ -107,7 +107,7 @@ class CausalLMEvaluator:
             return self._sdtt_texts([t.strip() for t in texts])
         if tokens is None:
             raise ValueError(f"gen_ppl.{self.name}: SDTT's protocol scores the teacher's token ids, and these texts "
-                             f"carry none (a teacher's `decode` returns them as bench.samples.Texts)")
+                             f"carry none (a teacher's `decode` returns them as core.samples.Texts)")
         out = []
         for i in range(0, len(tokens), BATCH):
             nll = self.lm.window_nll(tokens[i : i + BATCH])  # (b, N)
@@ -209,7 +209,7 @@ class GenPPL(Metric):
         self._scores: list[torch.Tensor] = []
 
     def update(self, texts: list[str], cond) -> None:
-        """`texts`: B decoded samples; a teacher of Hugging Face tokens decodes into `bench.samples.Texts`, which keep
+        """`texts`: B decoded samples; a teacher of Hugging Face tokens decodes into `core.samples.Texts`, which keep
         their ids for SDTT's protocol."""
         self._scores.append(self.evaluator.scores(texts))
 

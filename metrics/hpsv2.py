@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics.base import Metric
 from metrics.clip_models import check_arch, checkpoint_file, load_open_clip
 

@@ -50,9 +50,9 @@ import torch
 import torch.nn as nn
 from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d_like_tensorflow1x
 
-from bench import files
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
-from bench.errors import UserError
+from core import files
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.errors import UserError
 
 ENV = "ACCELBENCH_INCEPTION_WEIGHTS"
 LOGITS_ENV = "ACCELBENCH_INCEPTION_LOGITS_WEIGHTS"

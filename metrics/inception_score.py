@@ -12,7 +12,7 @@ import warnings
 
 from torchmetrics.image.inception import InceptionScore as TorchmetricsInceptionScore
 
-from bench.rng import seeded
+from core.rng import seeded
 from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features
 

@@ -11,7 +11,7 @@ import warnings
 
 from torchmetrics.image.kid import KernelInceptionDistance
 
-from bench.rng import seeded
+from core.rng import seeded
 from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
 from metrics.features import Features
 

@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench.cache import Cache, config_key
-from bench.errors import UserError
-from bench.training import library_bars
+from core.cache import Cache, config_key
+from core.errors import UserError
+from core.training import library_bars
 from metrics.base import Metric
 from teachers.pretrained import hf_folder
 

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import matplotlib
 
-from bench.names import SEC_PER_SAMPLE
-from bench.registry import METHODS
+from core.names import SEC_PER_SAMPLE
+from core.registry import METHODS
 from reports.tables import TrialRun, natural, quality_columns, shown_knobs
 
 matplotlib.use("Agg")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.errors import UserError
-from bench.names import KIND_TAG, STUDY, TRIAL
+from core.errors import UserError
+from core.names import KIND_TAG, STUDY, TRIAL
 from reports.plots import acceptance_vs_window, quality_vs_time, study_history, study_importances
 from reports.tables import TrialRun, build_markdown
 

@@ -3,7 +3,7 @@
 A pure function of the runs: one table per teacher, a teacher row per sampling setting and batch size (from the
 reference arm every run carries) and a row per (method, knobs, batch size), each cell the mean ± std over seeds.
 Speed-ups are the in-run ratios (method vs. its own reference arm at the same batch size, measured side by side),
-averaged over seeds. Runs of a paper suite carry the paper's numbers (`bench.paper`): a measured column that has any
+averaged over seeds. Runs of a paper suite carry the paper's numbers (`core.paper`): a measured column that has any
 gets a "paper" column and the difference (ours − paper) beside it.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from bench.paper import SPEED_KEYS, from_tags
-from bench.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
+from core.paper import SPEED_KEYS, from_tags
+from core.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has

@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.config import check_seeds, read_yaml_mapping
-from bench.errors import UserError
+from core.config import check_seeds, read_yaml_mapping
+from core.errors import UserError
 from bench.runner import Plan, plan
-from bench.trial import Trial
+from core.trial import Trial
 
 SPEC_FIELDS = {"study", "experiment", "base", "space", "objectives", "constraints", "sampler", "pruner", "n_trials",
                "seeds"}

@@ -19,9 +19,9 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
-from bench.cache import Cache
-from bench.errors import UserError
-from bench.names import KIND_TAG, STUDY
+from core.cache import Cache
+from core.errors import UserError
+from core.names import KIND_TAG, STUDY
 from bench.runner import RunOptions, run_trial
 from bench.tracking import Tracker, check_reachable, owner_alive
 from sweeps.spec import StudySpec

@@ -9,11 +9,11 @@
 A registered teacher is a class with `family`, `modality` and the family's protocol, a `key()` classmethod (the
 hash of everything that determines its weights; what is derived from it is cached under it) and a
 `load(name, *, cache, device)` classmethod. Declared below by import path: importing this package imports none of
-them (`bench.registry`).
+them (`core.registry`).
 """
 from typing import Any
 
-from bench.registry import TEACHERS
+from core.registry import TEACHERS
 
 TEACHERS.register("digits-ar-c2i", "teachers.tiny.zoo:DigitsARClass")
 TEACHERS.register("digits-ar-t2i", "teachers.tiny.zoo:DigitsARText")
@@ -56,7 +56,7 @@ _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process:
 
 
 def load_teacher(name: str, *, cache, device):
-    """The registered teacher `name`, loaded (or trained, and reported: `bench.training.report_training`) once per
+    """The registered teacher `name`, loaded (or trained, and reported: `core.training.report_training`) once per
     process, cache root and device: the runner's teacher, SDTT's causal-LM arm and the gen-PPL evaluators all come
     from here."""
     cls = TEACHERS.get(name)

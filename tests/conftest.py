@@ -41,7 +41,7 @@ def tiny_recipe(monkeypatch):
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
     """A cache shared by the metric tests, so the digits classifier is trained once per session."""
-    from bench.cache import Cache
+    from core.cache import Cache
 
     return Cache(tmp_path_factory.mktemp("metric-cache"))
 
@@ -76,7 +76,7 @@ def plugin(monkeypatch):
     import importlib
     import sys
 
-    from bench.registry import TEACHERS
+    from core.registry import TEACHERS
 
     TEACHERS.names()  # the project's own declarations first: they must outlive the copy below
     monkeypatch.setenv("ACCELBENCH_PLUGINS", "tests.plugins")

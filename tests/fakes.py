@@ -599,7 +599,7 @@ def write_release(path: Path, state: dict, tree: str = "var") -> None:
 
 def write_dd_student(path: Path, teacher: str) -> None:
     """A released DD student, random weights, for the tiny teacher class `teacher` ("TinyVAR" or "TinyLlamaGen")."""
-    from bench.rng import seeded
+    from core.rng import seeded
     from methods.dd_released import ReleasedLlamaGenDD, ReleasedVARDD
 
     var = teacher == "TinyVAR"
@@ -753,7 +753,7 @@ def markov_chunks(vocab: int, seq_len: int, n: int, seed: int = 0) -> torch.Tens
 
 
 def _text_teacher(base, model, vocab, seq_len, chunks, name, device):
-    from bench.cache import config_key
+    from core.cache import config_key
     from teachers.data.text import TextDataRecipe
     from teachers.tiny.text_lm import TextLMRecipe
 
@@ -775,7 +775,7 @@ def _text_teacher(base, model, vocab, seq_len, chunks, name, device):
 def tiny_mdlm_teacher(seed=0, vocab=8, seq_len=8, train_steps=0, device="cpu"):
     """An MDLM teacher (real denoiser, SUBS, sampler) over a Markov chain of `vocab` letters; `train_steps` > 0
     trains it on the chain first (a second per 100 steps), so that distillation has something to match."""
-    from bench.training import optimizer_step, warmup_cosine
+    from core.training import optimizer_step, warmup_cosine
     from teachers.families import masked_diffusion as md
     from teachers.networks.mdlm import MDLMNet, MDLMNetConfig
     from teachers.tiny.text_mdlm import TextMDLMTeacher
@@ -829,6 +829,6 @@ def tiny_hf_lm_teacher(seed=0, vocab=4, new_tokens=4, prompt_len=2, device="cpu"
 
 def make_config(cls, **knobs):
     """A method config from flat knobs, as the CLI builds it (`sampling` knobs by their own names)."""
-    from bench.config import build_config
+    from core.config import build_config
 
     return build_config(cls, knobs, owner=cls.__name__)

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from bench.registry import TEACHERS
+from core.registry import TEACHERS
 from tests.fakes import TableAR, TinyEmu3, TinyLlamaGen, TinyOfficialDiT, TinyOfficialMAR, TinyVAR
 from tests.fakes_chameleon import TinyAnole, TinyLumina
 

@@ -16,7 +16,7 @@ def test_looking_up_one_entry_imports_no_other():
     """The registry resolves a name by its import path: running one method's lookup imports that method's module and
     what it needs, never the other methods, metrics or teachers."""
     code = ("import sys\n"
-            "from bench.registry import METHODS, TEACHERS, METRICS\n"
+            "from core.registry import METHODS, TEACHERS, METRICS\n"
             "assert 'methods.sjd' not in sys.modules\n"
             "METHODS.get('sjd')\n"
             "names = METHODS.names() + TEACHERS.names() + METRICS.names()\n"

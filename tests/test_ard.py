@@ -3,9 +3,9 @@ teacher-forced pass, the special cases N = 0 (step distillation) and S = 1 (KD),
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.config import build_config
-from bench.errors import UserError
+from core.cache import Cache
+from core.config import build_config
+from core.errors import UserError
 from methods.ard import ARD, KD, ARDConfig, StepDistill, knot_states, time_labels
 from methods.ard_student import ARDStudent
 from teachers.families import ode_diffusion

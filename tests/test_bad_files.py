@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from bench import cli
-from bench.errors import UserError
-from bench.registry import TEACHERS
+from core.errors import UserError
+from core.registry import TEACHERS
 
 
 def damage(path: Path, how: str) -> Path:

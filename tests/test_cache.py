@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from bench.cache import MAGIC, Cache
+from core.cache import MAGIC, Cache
 
 
 def _build(value):
@@ -70,7 +70,7 @@ def test_a_failed_build_leaves_no_entry_and_no_temp_file(tmp_path):
 
 BUILDER = """
 import os, sys, time, torch
-from bench.cache import Cache
+from core.cache import Cache
 def build():
     with open(sys.argv[2], "a") as fh:
         fh.write(f"{os.getpid()}\\n")
@@ -97,7 +97,7 @@ def test_an_entry_comes_from_the_zoo_when_it_matches_and_is_verified(tmp_path, c
     import json
     import lzma
 
-    from bench.cache import Cache, Zoo, encode
+    from core.cache import Cache, Zoo, encode
 
     zoo_dir = tmp_path / "zoo"
     (zoo_dir / "teachers").mkdir(parents=True)

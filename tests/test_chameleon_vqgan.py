@@ -11,7 +11,7 @@ import yaml
 
 from teachers.networks.chameleon_vqgan import (UNUSED_PREFIXES, ChameleonVQConfig, ChameleonVQGAN,
                                                load_vqgan_state)
-from bench.checkpoints import read_state_dict
+from core.checkpoints import read_state_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chameleon_vqgan"
 

@@ -4,7 +4,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from bench import cli
-from bench.registry import METHODS
+from core.registry import METHODS
 from methods.own import AR
 from teachers.families import masked_diffusion
 
@@ -361,10 +361,10 @@ def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe,
 def test_no_progress_reaches_the_teachers_training_loop(tiny_recipe, store, tmp_path, monkeypatch):
     """--no-progress hides the bar of a teacher trained inside the trial too. tqdm is silenced in the tests
     (TQDM_DISABLE), so the switch is read off the bars' arguments."""
-    import bench.training
+    import core.training
 
-    bars, real = [], bench.training.tqdm
-    monkeypatch.setattr(bench.training, "tqdm", lambda it, **kw: bars.append((kw["desc"], kw["disable"])) or real(it))
+    bars, real = [], core.training.tqdm
+    monkeypatch.setattr(core.training, "tqdm", lambda it, **kw: bars.append((kw["desc"], kw["disable"])) or real(it))
     trial = ["--teacher", "digits-ar-t2i", "--method", "ar", "--n-samples", "2"]
     assert run_cli(store, tmp_path / "quiet", *trial) == 0
     assert cli.main(["run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "shown"), "--warmup", "0",
@@ -377,7 +377,7 @@ def test_no_progress_reaches_the_libraries_bars():
     inside `library_bars`, and are as they were after it."""
     from transformers.utils import logging as hf_logging
 
-    from bench.training import library_bars, progress_bars
+    from core.training import library_bars, progress_bars
 
     before = hf_logging.is_progress_bar_enabled()
     with progress_bars(False), library_bars():

@@ -4,12 +4,12 @@ import dataclasses
 import pytest
 import torch
 
-from bench import precision
-from bench.cache import Cache
-from bench.config import build_config, knobs
-from bench.errors import UserError
-from bench.registry import METHODS, METRICS, TEACHERS
-from bench.samples import Samples
+from core import precision
+from core.cache import Cache
+from core.config import build_config, knobs
+from core.errors import UserError
+from core.registry import METHODS, METRICS, TEACHERS
+from core.samples import Samples
 from bench.runner import RUN_FIELDS
 from methods.base import OwnSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from bench.config import build_config
-from bench.errors import UserError
+from core.config import build_config
+from core.errors import UserError
 from methods.cspd import CSpD, CSpDConfig, MaskedCSpDConfig
 from tests.fakes import LinearGaussianAR, LinearGaussianMasked, make_config, tiny_mar_teacher, tiny_masked_mar_teacher
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.errors import UserError
-from bench.registry import TEACHERS
+from core.cache import Cache
+from core.errors import UserError
+from core.registry import TEACHERS
 from metrics.extractors import ClassifierRecipe, classifier_recipe, load_classifier
 from teachers.data import images as datasets
 from teachers.tiny.zoo import FashionARText

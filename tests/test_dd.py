@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from methods.dd import DD, DDConfig
 from methods.dd_student import DDStudent
 from methods.onestep import OneStep, OneStepConfig

@@ -6,8 +6,8 @@ import torch
 from scipy.stats import chisquare
 
 import methods.dd_pairs as dd_pairs
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.skip import Skip, SkipConfig

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 from methods import dd_released
 from methods.dd_released import BUFFERS, ReleasedLlamaGenDD, ReleasedVARDD
 from teachers.families import ar_token, multiscale_vq
@@ -110,7 +110,7 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from bench import cli
-    from bench.rng import seeded
+    from core.rng import seeded
     from tests.fakes import tiny_var_teacher
 
     teacher = tiny_var_teacher()
@@ -233,7 +233,7 @@ def test_dd_with_a_released_llamagen_student_from_the_cli(plugin, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from bench import cli
-    from bench.rng import seeded
+    from core.rng import seeded
     from tests.fakes import tiny_llamagen_teacher
 
     teacher = tiny_llamagen_teacher()

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from methods.dd import DD, VARDDConfig
 from methods.dd_pairs import map_noise
 from methods.dd_student import VARDDStudent

@@ -15,12 +15,12 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from bench import precision
+from core import precision
 from bench.cli import main
-from bench.errors import UserError
-from bench.spool import SPOOL_DIR, Batch, claim, resumable
-from bench.timing import latency_stats
-from bench.trial import Trial
+from core.errors import UserError
+from core.spool import SPOOL_DIR, Batch, claim, resumable
+from core.timing import latency_stats
+from core.trial import Trial
 
 ROOT = Path(__file__).resolve().parent.parent
 

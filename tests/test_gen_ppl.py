@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.errors import UserError
-from bench.samples import Texts
+from core.errors import UserError
+from core.samples import Texts
 from metrics.gen_ppl import GenPPL, parse
 from tests.fakes import _files, write_sdtt_checkpoints
 

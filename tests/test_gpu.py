@@ -13,8 +13,8 @@ import os
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.registry import METHODS, METRICS
+from core.cache import Cache
+from core.registry import METHODS, METRICS
 from methods.base import OwnSampler
 from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher,
                          tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher,
@@ -58,7 +58,7 @@ def _on_device(tensor: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("name", METHODS.names())
 def test_method_samples_on_the_device(name, tmp_path):
-    from bench.config import build_config
+    from core.config import build_config
 
     cls = METHODS.get(name)
     ran = 0
@@ -115,10 +115,10 @@ def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
     """The runner end to end on the device (teacher, both arms' generators and conditions, timing, metrics, MLflow),
     with SJD on the tiny GPT teacher registered for the test."""
     _needs("mlflow", "yaml", "numpy", "psutil", "torchvision")
-    from bench.registry import TEACHERS
+    from core.registry import TEACHERS
     from bench.runner import RunOptions, plan, run_trial
     from bench.tracking import Tracker
-    from bench.trial import Trial
+    from core.trial import Trial
 
     monkeypatch.setitem(TEACHERS._entries, "gpu-check-gpt", RegisteredTinyGPT)
     p = plan(Trial("gpu-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=3, device=str(DEVICE)))

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.config import build_config, config_dict, knobs
-from bench.errors import UserError
-from bench.trial import Trial
+from core.cache import Cache
+from core.config import build_config, config_dict, knobs
+from core.errors import UserError
+from core.trial import Trial
 from methods.sjd import SJDConfig
 from teachers.data.patch_vq import PatchQuantizer
 

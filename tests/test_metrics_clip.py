@@ -8,8 +8,8 @@ import open_clip
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics import clip_models
 from metrics.clip_models import CLIPRecipe, eval_transform, load_small_clip
 from metrics.clip_score import CHECKPOINT_ENV, CLIPScore
@@ -163,7 +163,7 @@ def test_parity_with_direct_computation_from_open_clip(metric, digits_test, monk
 def test_registered_keys_and_reset(metric, digits_test):
     from mlflow.utils.validation import _validate_metric_name
 
-    from bench.registry import METRICS
+    from core.registry import METRICS
 
     assert METRICS.get("clip") is CLIPScore and CLIPScore.higher_is_better is True and not CLIPScore.stochastic
     assert CLIPScore.check(None) is None

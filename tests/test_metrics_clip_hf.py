@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics import clip_hf
 from metrics.clip_score import CLIPScore
 from tests.fakes import write_tiny_clip

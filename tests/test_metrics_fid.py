@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from metrics import extractors
 from metrics.extractors import load_classifier
 from metrics.fid import FID
@@ -78,7 +78,7 @@ def test_reference_features_are_cached_by_extractor_and_split(tmp_path, classifi
 
 
 def test_extractor_choices_are_validated():
-    from bench.errors import UserError
+    from core.errors import UserError
 
     assert FID.check(None) is None and FID.check("cnn") is None
     with pytest.raises(UserError, match="unknown extractor 'vgg'; valid: cnn, inception"):
@@ -115,7 +115,7 @@ def test_fid_real_vs_real_is_far_below_real_vs_noise(fid, images):
 def test_registered_and_keys_are_mlflow_metric_names(fid, images):
     from mlflow.utils.validation import _validate_metric_name
 
-    from bench.registry import METRICS
+    from core.registry import METRICS
 
     assert METRICS.get("fid") is FID and FID.higher_is_better is False
     _fid_of(fid, images["train"][:50])

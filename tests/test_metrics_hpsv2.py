@@ -5,8 +5,8 @@ import open_clip
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics.clip_models import eval_transform
 from metrics.hpsv2 import CHECKPOINT_ENV, HPSv2
 from teachers.data.images import load_image_dataset
@@ -66,7 +66,7 @@ def test_unknown_architecture_is_a_user_error(monkeypatch):
 def test_tiny_checkpoint_score_is_the_feature_diagonal(tiny_checkpoint, digits, tmp_path, monkeypatch):
     from mlflow.utils.validation import _validate_metric_name
 
-    from bench.registry import METRICS
+    from core.registry import METRICS
 
     path, weights = tiny_checkpoint
     monkeypatch.setenv(CHECKPOINT_ENV, str(path))

@@ -10,7 +10,7 @@ from torch_fidelity.metric_isc import isc_features_to_metric
 from torch_fidelity.metric_kid import kid_features_to_metric
 from torch_fidelity.metric_prc import prc_features_to_metric
 
-from bench.registry import METRICS
+from core.registry import METRICS
 from metrics.inception_score import InceptionScore
 from metrics.kid import KID
 from metrics.precision_recall import Precision, Recall

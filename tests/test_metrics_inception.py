@@ -10,8 +10,8 @@ from unittest import mock
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from metrics import inception
 from metrics.fid import FID
 

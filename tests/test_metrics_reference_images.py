@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from bench import files
-from bench.cache import Cache
-from bench.errors import UserError
+from core import files
+from core.cache import Cache
+from core.errors import UserError
 from metrics import features, inception
 from metrics.fid import FID
 from teachers.families import ar_token

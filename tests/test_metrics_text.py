@@ -10,8 +10,8 @@ import pytest
 import torch
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
-from bench.errors import UserError
-from bench.registry import METRICS, TEACHERS
+from core.errors import UserError
+from core.registry import METRICS, TEACHERS
 from metrics.gen_ppl import GenPPL
 from metrics.mauve_text import MAUVE
 from metrics.self_bleu import SelfBLEU

@@ -218,7 +218,7 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
     teacher tables carry the paper column."""
     from mlflow.tracking import MlflowClient
 
-    from bench.registry import TEACHERS
+    from core.registry import TEACHERS
 
     for name, cls in TINY.items():
         monkeypatch.setitem(TEACHERS._entries, name, tiny_class(cls))

@@ -13,8 +13,8 @@ PLUGIN = textwrap.dedent('''
 
     import torch
 
-    from bench.registry import METHODS, TEACHERS
-    from bench.rng import seeded
+    from core.registry import METHODS, TEACHERS
+    from core.rng import seeded
     from methods.sjd import SJD, SJDConfig
     from teachers.families import ar_token
     from teachers.networks.gpt import GPT, GPTConfig

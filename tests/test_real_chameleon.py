@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench.config import build_config
+from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.chameleon import END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, size_token

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 from teachers.networks.dit import DiT, DiTConfig
 from teachers.pretrained import dit as real_dit
 
@@ -78,7 +78,7 @@ def test_checkpoint_files_raw_and_wrapped(fixture, tmp_path):
     "args" that plain `weights_only` loading refuses)."""
     import argparse
 
-    from bench.checkpoints import read_state_dict
+    from core.checkpoints import read_state_dict
 
     sd = fixture["state_dict"]
     torch.save(sd, tmp_path / "raw.pt")
@@ -98,7 +98,7 @@ def test_the_official_dit_loader_runs_every_method_of_its_family_from_the_cli(pl
     from mlflow.tracking import MlflowClient
 
     from bench import cli
-    from bench.registry import METHODS
+    from core.registry import METHODS
     from teachers.families import ode_diffusion
 
     assert sorted(FAST) == sorted(n for n, c in METHODS.items() if ode_diffusion.FAMILY in c.families)
@@ -153,7 +153,7 @@ def test_fid_against_reference_statistics_equals_fid_against_the_features_they_s
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     import metrics.base
-    from bench.cache import Cache
+    from core.cache import Cache
     from metrics.features import Features
     from metrics.fid import FID
 
@@ -212,8 +212,8 @@ def test_kid_precision_and_recall_against_an_adm_reference_batch(tmp_path, monke
     from torch_fidelity.metric_prc import prc_features_to_metric
 
     import metrics.base
-    from bench.cache import Cache
-    from bench.errors import UserError
+    from core.cache import Cache
+    from core.errors import UserError
     from metrics.fid import FID
     from metrics.precision_recall import Precision, Recall
 
@@ -246,7 +246,7 @@ def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypa
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
     from torch_fidelity.metric_isc import isc_features_to_metric
 
-    from bench.cache import Cache
+    from core.cache import Cache
     from metrics.inception_score import InceptionScore
 
     torch.save({}, tmp_path / "empty.pth")

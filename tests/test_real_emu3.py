@@ -4,7 +4,7 @@ official script's logits processors, SJD on it is exact, and it runs from the CL
 import pytest
 import torch
 
-from bench.config import build_config
+from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, structure
@@ -142,7 +142,7 @@ def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tm
 
 
 def test_dd_on_emu3_is_refused_in_one_line(teacher):
-    from bench.errors import UserError
+    from core.errors import UserError
     from methods.dd import DD, DDConfig
 
     with pytest.raises(UserError, match="reads the teacher's network and codebook"):
@@ -169,7 +169,7 @@ def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
 def test_prompt_files_in_each_format(tmp_path):
     import json
 
-    from bench.errors import UserError
+    from core.errors import UserError
     from teachers.data.prompts import read_prompts
 
     coco = {"annotations": [{"image_id": 9, "id": 1, "caption": "a dog. "},

@@ -115,7 +115,7 @@ def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(
     from mlflow.tracking import MlflowClient
 
     from bench import cli
-    from bench.registry import METHODS
+    from core.registry import METHODS
     from teachers.families import ar_token
 
     assert sorted(AR_FAST) == sorted(n for n, c in METHODS.items()
@@ -148,7 +148,7 @@ def test_missing_llamagen_files_are_one_line(tmp_path, capsys):
 
 
 def test_a_checkpoint_of_another_size_is_one_clear_error(tmp_path):
-    from bench.errors import UserError
+    from core.errors import UserError
     from tests.fakes import TinyLlamaGen
 
     class Wrong(TinyLlamaGen):

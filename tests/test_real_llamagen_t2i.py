@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.config import build_config
+from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
 from tests.fakes import ar_methods_through_the_cli
@@ -134,7 +134,7 @@ def test_the_t2i_loader_runs_ar_jacobi_and_sjd_from_the_cli(plugin, tmp_path):
 
 
 def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
-    from bench.errors import UserError
+    from core.errors import UserError
     from methods.dd import DD, DDConfig
 
     with pytest.raises(UserError, match="DD reads the teacher's network, which"):
@@ -166,7 +166,7 @@ def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
 def test_a_checkpoint_of_another_size_is_one_clear_error():
     import dataclasses
 
-    from bench.errors import UserError
+    from core.errors import UserError
 
     class Wrong(TinyLlamaGenT2I):
         @classmethod

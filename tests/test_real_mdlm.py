@@ -115,7 +115,7 @@ def test_sdtts_prompted_protocol_in_paints_the_prompts_and_scores_per_prompt(tmp
     per prompt equals nltk's among each prompt's continuations; MAUVE's references are the prompts' documents."""
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
-    from bench.cache import Cache
+    from core.cache import Cache
     from metrics.self_bleu import SelfBLEU
     from teachers.families import masked_diffusion as md
     from tests.fakes import TinyMDLMOWTPrompted

@@ -127,7 +127,7 @@ def test_skip_scales_is_the_teachers_sampler_stopped_early():
     assert out.counters["nfe"] == 3 * 2
     codes = list(out.data[:, :5].split([1, 4], dim=1))
     torch.testing.assert_close(teacher.decode(out.data), (teacher.vq.decode_codes(codes) + 1) / 2)
-    from bench.errors import UserError
+    from core.errors import UserError
 
     with pytest.raises(UserError, match="skip must be < the teacher's 4 scales"):
         SkipScales(teacher, SkipScalesConfig(s, skip=4))

@@ -20,14 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mlflow.tracking import MlflowClient
 
-import bench.budget
-from bench.budget import BudgetExceeded, budget
-from bench.cache import decode
+import core.budget
+from core.budget import BudgetExceeded, budget
+from core.cache import decode
 from bench.cli import main
-from bench.errors import UserError
-from bench.registry import METHODS
+from core.errors import UserError
+from core.registry import METHODS
 from bench.suite import load_suite
-from bench.trial import Trial
+from core.trial import Trial
 from methods.own import AR
 from sweeps.spec import load_spec
 
@@ -247,7 +247,7 @@ class Watched(AR):
 
 
 class BudgetClock:
-    """Stands in for the `time` module of bench.budget: a clock that only `Stalled` moves, and that counts the
+    """Stands in for the `time` module of core.budget: a clock that only `Stalled` moves, and that counts the
     watchdog's looks at it."""
 
     def __init__(self):
@@ -297,7 +297,7 @@ def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_pat
     # On the budget's own clock loading the teacher and opening the run take no time, and each call 1 s: the trial
     # stops in the same call on an idle or a loaded machine (a wall-clock budget stopped it anywhere, or not in time).
     clock = BudgetClock()
-    monkeypatch.setattr(bench.budget, "time", clock)
+    monkeypatch.setattr(core.budget, "time", clock)
     monkeypatch.setattr(Stalled, "clock", clock, raising=False)
     monkeypatch.setitem(METHODS._entries, "stalled", Stalled)
     code, store = _run_in_process(tmp_path, "stalled", "--n-samples", "5", "--time-budget", "1.5")

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from methods.sdtt import SDTT, SDTTConfig, divergence, teacher_targets
 from teachers.families import masked_diffusion as md
 from tests.fakes import make_config, tiny_mdlm_teacher

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 from methods import sdtt_released as released
 from methods.sdtt import SDTT, SDTTConfig, released_draw
 from teachers.families import masked_diffusion as md

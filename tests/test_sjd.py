@@ -11,7 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 import methods.sjd as sjd
-from bench.config import build_config
+from core.config import build_config
 from methods.jacobi import JacobiConfig
 from methods.sjd import SJDConfig, exact_match_rule, jacobi_decode, speculative_rule
 from teachers.families import ar_token
@@ -103,7 +103,7 @@ def test_greedy_jacobi_is_greedy_ar_token_for_token():
 
 
 def test_sjd_refuses_greedy_and_one_dimensional_above_init():
-    from bench.errors import UserError
+    from core.errors import UserError
     from methods.sjd import SJD
 
     with pytest.raises(UserError, match="greedy must be false"):
@@ -299,7 +299,7 @@ def test_window_one_at_batch_four_is_the_batched_ar_sampler():
 
 
 def test_a_teacher_without_a_ragged_cache_is_refused_at_batch_size_above_one():
-    from bench.errors import UserError
+    from core.errors import UserError
     from methods.sjd import SJD
 
     teacher = tiny_hf_lm_teacher(vocab=4, new_tokens=4)

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from bench.cli import main
-from bench.errors import UserError
+from core.errors import UserError
 from sweeps.spec import load_spec
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 from teachers.data.text import (FORTUNES_DIR, TextDataRecipe, TextTokenizer, load_documents, load_text_data, pack,
                                 split_documents, train_tokenizer)
 

@@ -2,7 +2,7 @@
 seconds, through the family's sampler; what is tested is the pipeline, not the quality."""
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from teachers.families import masked_ar
 from teachers.tiny.image_masked_mar import MaskedMARRecipe, MaskedMARTeacher, ModelSize
 

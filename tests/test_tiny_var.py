@@ -3,7 +3,7 @@ trained here through the family's sampler and `skip-scales`."""
 import pytest
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from teachers.families import multiscale_vq
 from teachers.tiny.image_var import ImageVARRecipe, ImageVARTeacher
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.token_flow import FlowConfig, flow_map, velocity

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from bench.cache import PROJECT_ZOO, Cache, Zoo
+from core.cache import PROJECT_ZOO, Cache, Zoo
 from bench.suite import load_suite
 from bench.zoo import DEMO_SUITE, ZOO_KINDS, build, distinct, prepare
 

@@ -14,12 +14,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import distributed  # noqa: E402
-from bench.cache import Cache  # noqa: E402
-from bench.registry import TEACHERS  # noqa: E402
+from core import distributed  # noqa: E402
+from core.cache import Cache  # noqa: E402
+from core.registry import TEACHERS  # noqa: E402
 from bench.runner import RunOptions, plan, run_trial  # noqa: E402
 from bench.tracking import NullTracker  # noqa: E402
-from bench.trial import Trial  # noqa: E402
+from core.trial import Trial  # noqa: E402
 from tests.fakes import RegisteredTinyGPT  # noqa: E402
 
 

@@ -11,9 +11,9 @@ import signal
 import sys
 import traceback
 
-from bench.cache import CHECKPOINTS_ENV
+from core.cache import CHECKPOINTS_ENV
 from bench.cli import store, sweeps, trials, zoo
-from bench.errors import UserError
+from core.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):

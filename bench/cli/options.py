@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.errors import UserError
+from core.errors import UserError
 
 DEFAULT_EXPERIMENT = "accelbench"
 
@@ -21,8 +21,8 @@ def cache(sp: argparse.ArgumentParser) -> None:
 
 def open_cache(args):
     """The cache of `--cache-dir`, its folder checked writable (or creatable) before any work."""
-    from bench.cache import DEFAULT_ROOT, Cache
-    from bench.config import writable_dir
+    from core.cache import DEFAULT_ROOT, Cache
+    from core.config import writable_dir
 
     return Cache(writable_dir(args.cache_dir or DEFAULT_ROOT, "cache directory (--cache-dir)"))
 
@@ -31,7 +31,7 @@ def report_dir(args, experiment: str):
     """The report folder of `--out` (default results/<experiment>), checked writable (or creatable) before any work."""
     from pathlib import Path
 
-    from bench.config import writable_dir
+    from core.config import writable_dir
 
     return writable_dir(args.out or Path("results") / experiment, "report directory (--out)")
 

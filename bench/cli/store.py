@@ -29,8 +29,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from bench.config import config_dict, knobs
-    from bench.registry import METHODS, METRICS, TEACHERS
+    from core.config import config_dict, knobs
+    from core.registry import METHODS, METRICS, TEACHERS
 
     def doc(obj) -> str:
         return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from bench.cli import options
-from bench.errors import UserError
+from core.errors import UserError
 
 
 def _context(args, workers: int):

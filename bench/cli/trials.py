@@ -6,12 +6,12 @@ import tempfile
 from pathlib import Path
 
 from bench.cli import options
-from bench.errors import UserError
-from bench.names import LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE
+from core.errors import UserError
+from core.names import LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE
 
 
 def _trial_from_args(args):
-    from bench.trial import Trial
+    from core.trial import Trial
 
     if args.config:
         if args.teacher or args.method:
@@ -32,8 +32,9 @@ def _store_line(uri: str, args, experiment: str) -> str:
 
 def _dry_run(title: str, load, warmup: int) -> int:
     """Plan with the files listed instead of refused, print the plan (`bench.dryrun`), touch nothing else."""
-    from bench import dryrun, files
-    from bench.cache import checkpoint_dir
+    from bench import dryrun
+    from core import files
+    from core.cache import checkpoint_dir
 
     with files.audit():
         plans = load()
@@ -42,7 +43,7 @@ def _dry_run(title: str, load, warmup: int) -> int:
 
 
 def cmd_run(args) -> int:
-    from bench import distributed
+    from core import distributed
     from bench.runner import plan, run_trial
     from bench.tracking import NullTracker, Tracker, tracking_uri
 
@@ -89,7 +90,7 @@ def format_result(method: str, reference: str, m: dict[str, float]) -> str:
 
 
 def cmd_suite(args) -> int:
-    from bench import distributed
+    from core import distributed
     from bench.suite import load_suite, run_suite
     from bench.tracking import NullTracker, Tracker, tracking_uri
     from reports.report import write_report
@@ -119,10 +120,10 @@ def cmd_suite(args) -> int:
 
 def cmd_lambada(args) -> int:
     """LAMBADA-style task of a text teacher's corpus, as a runner task: planned, budgeted, logged as one run."""
-    from bench.registry import TEACHERS
+    from core.registry import TEACHERS
     from bench.runner import execute, plan
     from bench.tracking import Tracker, tracking_uri
-    from bench.trial import Trial
+    from core.trial import Trial
     from metrics.lambada import lambada
 
     teacher_cls = TEACHERS.get(args.teacher)

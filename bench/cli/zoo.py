@@ -6,8 +6,8 @@ from pathlib import Path
 
 
 def cmd_zoo_build(args) -> int:
-    from bench.cache import PROJECT_ZOO
-    from bench.config import writable_dir
+    from core.cache import PROJECT_ZOO
+    from core.config import writable_dir
     from bench.suite import load_suite
     from bench.zoo import DEMO_SUITE, build
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.errors import UserError
+from core.errors import UserError
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DIGIT_TEMPLATES = ("a handwritten {}", "the digit {}", "a drawing of the number {}", "a {} written by hand")

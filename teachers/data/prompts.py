@@ -15,9 +15,9 @@ import csv
 import os
 from pathlib import Path
 
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
-from bench.errors import UserError
-from bench.files import read_json, read_text
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.errors import UserError
+from core.files import read_json, read_text
 
 PROMPTS_ENV = "ACCELBENCH_PROMPTS"
 COCO_CAPTIONS = "captions_val2017.json"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from bench.cache import Cache, config_key
-from bench.errors import UserError
+from core.cache import Cache, config_key
+from core.errors import UserError
 
 CORPORA = ("wordnet", "fortunes")  # and "file:<path>"
 FORTUNES_DIR = Path("/usr/share/games/fortunes")

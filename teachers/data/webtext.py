@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.errors import UserError
 
 REFERENCES = 1024  # MAUVE's reference documents (SDTT)
 

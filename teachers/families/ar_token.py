@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from teachers.families import Family
 
 

@@ -19,7 +19,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from teachers.families import Family
 from teachers.networks.diffusion_head import HeadOutput  # what `denoise` returns: methods import it from here
 

@@ -26,7 +26,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from teachers.families import Family
 from teachers.families.continuous_ar import TokenNoise
 from teachers.networks.diffusion_head import HeadOutput, denoise, schedule

@@ -15,8 +15,8 @@ from typing import Callable, ClassVar, Protocol
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.samples import Samples
+from core.cache import Cache
+from core.samples import Samples
 from teachers.families import Family
 from teachers.families.ar_token import draw
 # MDLM's DiT, the network of MDLM-OWT and of SDTT's released students: methods build and check those from here

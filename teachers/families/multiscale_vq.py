@@ -29,7 +29,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from teachers.families import Family
 from teachers.families.ar_token import draw
 

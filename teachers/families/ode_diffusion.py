@@ -13,7 +13,7 @@ from typing import Callable, ClassVar, Protocol
 
 import torch
 
-from bench.samples import Samples
+from core.samples import Samples
 from teachers.families import Family
 
 TRAIN_STEPS = 1000

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from bench.config import read_yaml_mapping
+from core.config import read_yaml_mapping
 from teachers.networks.vq16 import AttnBlock, LDMDecoder
 
 # In the released file, not needed to decode: the encoder half (`encoder.*`, `quant_conv.*`) and, presumed from the

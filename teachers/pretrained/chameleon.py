@@ -48,11 +48,11 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.prompts import missing_prompts, read_prompts
 from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
-from bench.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
+from core.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout

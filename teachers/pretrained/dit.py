@@ -25,12 +25,12 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig, sincos_2d
-from bench.checkpoints import from_folder, mismatch, read_config, read_state_dict
+from core.checkpoints import from_folder, mismatch, read_config, read_state_dict
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
 # Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).

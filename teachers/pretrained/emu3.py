@@ -31,11 +31,11 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import Cache, config_key, file_key
-from bench.errors import UserError
-from bench.training import library_bars
+from core.cache import Cache, config_key, file_key
+from core.errors import UserError
+from core.training import library_bars
 from teachers.data.prompts import missing_prompts, read_prompts
-from bench.checkpoints import from_folder, read_config
+from core.checkpoints import from_folder, read_config
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"

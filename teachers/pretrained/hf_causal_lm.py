@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from bench.samples import Texts
+from core.samples import Texts
 from teachers.families import ar_token
 
 

@@ -17,11 +17,11 @@ from typing import ClassVar
 
 import torch
 
-from bench import files
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.training import library_bars
+from core import files
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.training import library_bars
 from teachers.data import webtext
-from bench.checkpoints import from_folder
+from core.checkpoints import from_folder
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
 
 PREFIX = "hf:"

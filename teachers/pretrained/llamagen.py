@@ -21,13 +21,13 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.vq16 import VQ16Decoder, VQDecoderConfig, load_decoder_state
-from bench.checkpoints import mismatch, read_state_dict
+from core.checkpoints import mismatch, read_state_dict
 
 VQ_FILE = "vq_ds16_c2i.pt"
 GPT_WRAPPERS = ("model", "module", "state_dict")  # the official sampler's fallback order

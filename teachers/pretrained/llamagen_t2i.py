@@ -41,10 +41,10 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.checkpoints import from_folder, read_config
-from bench.errors import UserError
-from bench.training import library_bars
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.checkpoints import from_folder, read_config
+from core.errors import UserError
+from core.training import library_bars
 from teachers.data.prompts import missing_prompts, read_prompts
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config

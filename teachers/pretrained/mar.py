@@ -21,13 +21,13 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import masked_ar
 from teachers.networks.kl16 import KL16Config, KL16Decoder, load_decoder_state
 from teachers.networks.mar import MAR, MARConfig, official_to_ours
-from bench.checkpoints import mismatch, read_state_dict
+from core.checkpoints import mismatch, read_state_dict
 
 VERSION = 1  # bump when a change alters what the same files give
 SIZES = {"mar_base": dict(encoder_width=768, encoder_depth=12, encoder_heads=12),

@@ -25,14 +25,14 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
-from bench.samples import Texts
-from bench.training import library_bars
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
+from core.samples import Texts
+from core.training import library_bars
 from teachers.data import webtext
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
-from bench.checkpoints import from_folder, mismatch, read_config, read_safetensors
+from core.checkpoints import from_folder, mismatch, read_config, read_safetensors
 
 FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
 PREFIX = "backbone."  # of every key in the release's safetensors

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, checkpoint_dir, file_key
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir, file_key
 from teachers.data.prompts import prompt_file
 from teachers.families import ar_token
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from bench.cache import Cache, config_key, file_key
-from bench.errors import UserError
-from bench.training import library_bars
+from core.cache import Cache, config_key, file_key
+from core.errors import UserError
+from core.training import library_bars
 from teachers.data.text import TextDataRecipe, corpus_sha, load_documents, split_documents
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
 

@@ -16,13 +16,13 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
-from bench.errors import UserError
+from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
-from bench.checkpoints import mismatch, read_state_dict
+from core.checkpoints import mismatch, read_state_dict
 
 VAE_FILE = "vae_ch160v4096z32.pth"
 VERSION = 1  # bump when a change alters what the same files give

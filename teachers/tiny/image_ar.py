@@ -14,8 +14,8 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.training import optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import optimizer_step, training_steps, warmup_cosine
 from teachers.data.images import ImageDataset, caption_table, load_image_dataset
 from teachers.data.patch_vq import PatchQuantizer
 from teachers.families import ar_token

@@ -15,8 +15,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers.data.images import caption_table, load_image_dataset
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from bench.cache import Cache
+from core.cache import Cache
 from teachers.families import continuous_ar
 from teachers.networks.diffusion_head import DiffusionHead, HeadConfig, HeadOutput, denoise, schedule
 from teachers.networks.gpt import GPT, GPTConfig, GuidedState

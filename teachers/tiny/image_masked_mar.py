@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import Cache
+from core.cache import Cache
 from teachers.families import masked_ar
 from teachers.networks.mar import MAR, MARConfig
 from teachers.tiny.patch_pair import PatchPairTeacher

@@ -25,8 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.training import optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import optimizer_step, training_steps, warmup_cosine
 from teachers.data.images import caption_table, load_image_dataset
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ

@@ -9,8 +9,8 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from bench.cache import Cache
-from bench.training import optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import optimizer_step, training_steps, warmup_cosine
 from teachers.data.images import caption_table, from_patches, load_image_dataset, to_patches
 from teachers.tiny.recipes import RecipeTeacher
 

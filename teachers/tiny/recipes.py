@@ -1,14 +1,14 @@
 """What every tiny embedded teacher shares: it is trained from a frozen recipe on first use and cached under the
-recipe's hash, and its first training is reported (`bench.training.report_training`: an MLflow run of the trial's
+recipe's hash, and its first training is reported (`core.training.report_training`: an MLflow run of the trial's
 tracker)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, ClassVar
 
-from bench.cache import Cache, config_key
-from bench.rng import seeded
-from bench.training import report_training
+from core.cache import Cache, config_key
+from core.rng import seeded
+from core.training import report_training
 
 
 class RecipeTeacher:

@@ -16,8 +16,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers.data.text import load_text_data
 from teachers.families import ar_token
 from teachers.networks.gpt import GPT, GPTConfig, GuidedState

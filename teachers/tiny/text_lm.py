@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import torch
 
-from bench.cache import Cache, config_key
+from core.cache import Cache, config_key
 from teachers.data.text import TextDataRecipe, TextTokenizer, corpus_sha, load_text_data
 from teachers.tiny.recipes import RecipeTeacher
 

@@ -17,8 +17,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from bench.cache import Cache
-from bench.training import ema_update, optimizer_step, training_steps, warmup_cosine
+from core.cache import Cache
+from core.training import ema_update, optimizer_step, training_steps, warmup_cosine
 from teachers.data.text import load_text_data
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm import MDLMNet, MDLMNetConfig

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from bench.errors import UserError
-from bench.names import NFE_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
+from core.errors import UserError
+from core.names import NFE_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 # Paper keys of the report's speed columns -> the run metric each is compared with.
 SPEED_KEYS = {"nfe": NFE_PER_SAMPLE, "speedup_wall": SPEEDUP_WALL, "speedup_steps": SPEEDUP_STEPS,
@@ -26,7 +26,7 @@ TAG_PREFIX = "paper."
 def check_paper(data: Any, where: str) -> dict[str, Any]:
     """The validated `paper:` mapping of a suite entry: numbers under metric or speed keys, and a `source` string
     naming the table and row. Errors are one line naming `where`."""
-    from bench.registry import METRICS
+    from core.registry import METRICS
 
     if not isinstance(data, Mapping):
         raise UserError(f"{where}: 'paper' must be a mapping of metric -> the paper's number, with a 'source'")

@@ -5,7 +5,7 @@ An arm other than the method's carries its arm as a prefix (`ref/sec_per_sample_
 """
 from __future__ import annotations
 
-# an arm's speed (`bench.timing`, `bench.runner`)
+# an arm's speed (`core.timing`, `bench.runner`)
 SEC_PER_SAMPLE = "sec_per_sample_median"
 NFE_PER_SAMPLE = "nfe_per_sample"
 # the method against the reference arm

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from bench.cache import write_atomically
+from core.cache import write_atomically
 
 SPOOL_DIR = ".spool"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from bench.errors import UserError
+from core.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("torch", "mlflow", "optuna", "torchmetrics", "numpy")

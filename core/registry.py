@@ -14,7 +14,7 @@ import importlib
 import os
 from typing import Any, Callable, Iterator
 
-from bench.errors import UserError
+from core.errors import UserError
 
 # Packages whose __init__ declares the built-in entries (import paths only: reading them imports no entry).
 BUILTIN_PACKAGES = ("teachers", "methods", "metrics")

@@ -4,7 +4,7 @@
 environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK) and joins one process group: nccl on CUDA, gloo on the CPU
 (so the same path runs in the tests here). Batch i of a trial goes to rank i mod N, and its noise is seeded by
 (trial seed, i) alone, so N ranks draw exactly the samples one process draws. Every rank spools its batches into the
-trial's spool (`bench.spool`) under the cache folder, which the ranks therefore share (one node, or a shared file
+trial's spool (`core.spool`) under the cache folder, which the ranks therefore share (one node, or a shared file
 system); rank 0 alone talks to MLflow and scores the gathered samples.
 
 Without torchrun's variables the world is one process and nothing here touches torch.distributed.
@@ -20,8 +20,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from bench.cache import Cache
-from bench.errors import UserError
+from core.cache import Cache
+from core.errors import UserError
 
 # How long a rank waits at a barrier: the other ranks wait there while rank 0 trains what a trial needs (a teacher,
 # a student, DD's pairs) into the cache, which may take hours at paper scale.

@@ -19,7 +19,7 @@ def seeded(seed: int) -> Iterator[None]:
 
 def batch_seed(seed: int, index: int) -> int:
     """The seed of a trial's batch `index`: a function of (trial seed, batch index) alone, so the batch draws the same
-    noise whichever process draws it (`bench.distributed`) and whenever (a resumed trial, `bench.spool`). Every arm
+    noise whichever process draws it (`core.distributed`) and whenever (a resumed trial, `core.spool`). Every arm
     of the trial uses it, so the arms' noise stays coupled batch by batch."""
     digest = hashlib.sha256(f"accelbench-batch:{seed}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

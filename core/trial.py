@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from bench.config import read_yaml_mapping
-from bench.errors import UserError
-from bench.precision import DTYPES
+from core.config import read_yaml_mapping
+from core.errors import UserError
+from core.precision import DTYPES
 
 MAX_COUNT = 2**31 - 1  # samples, batch, repeats: torch takes sizes as C integers; a count above this is a typo
 
@@ -25,7 +25,7 @@ class Trial:
     seed: int = 0
     device: str = "auto"
     metric_repeats: int = 1  # seeds over which stochastic metrics (KID subsets, IS splits) are repeated
-    # The arms' numerics (`bench.precision`): they change the samples, so they are part of the trial.
+    # The arms' numerics (`core.precision`): they change the samples, so they are part of the trial.
     dtype: str = "fp32"  # fp32, bf16 or fp16 (autocast)
     tf32: bool = False  # TF32 matmuls on CUDA
     compile: bool = False  # torch.compile the networks' blocks

@@ -10,8 +10,8 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
-from bench.errors import UserError
-from bench.files import read_json
+from core.errors import UserError
+from core.files import read_json
 
 T = TypeVar("T")
 

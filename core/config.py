@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from bench.errors import UserError
+from core.errors import UserError
 
 
 def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> dict:

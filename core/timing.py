@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from bench.names import SEC_PER_SAMPLE
+from core.names import SEC_PER_SAMPLE
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from bench.errors import UserError
+from core.errors import UserError
 
 
 @dataclass(frozen=True)

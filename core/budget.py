@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from bench.errors import UserError
+from core.errors import UserError
 
 POLL_SECONDS = 0.05
 
