@@ -15,7 +15,7 @@ from pathlib import Path
 from core.config import read_yaml_mapping
 from core.errors import UserError
 from core.files import Needed
-from bench.runner import Plan
+from bench.plan import Plan
 from methods.base import OwnSampler, Passes
 
 COSTS = Path(__file__).with_name("costs.yaml")

@@ -17,7 +17,8 @@ from core.errors import UserError
 from core.names import KIND_TAG, TRIAL
 from core.paper import check_paper
 from core.registry import METHODS, TEACHERS
-from bench.runner import Plan, RunOptions, plan, run_trial
+from bench.plan import Plan, plan
+from bench.runner import RunOptions, run_trial
 from bench.tracking import Tracker
 from core.trial import Trial
 

@@ -27,7 +27,7 @@ from core.cache import PROJECT_ZOO, Cache, decode
 from core.config import config_dict
 from core.envinfo import PROJECT_ROOT, git_sha
 from core.registry import TEACHERS
-from bench.runner import Plan, run_name
+from bench.plan import Plan, run_name
 from bench.suite import Suite
 from core.training import progress_bars
 from teachers import load_teacher

@@ -49,7 +49,8 @@ def tracking_share(n_samples: int, tmp: Path) -> float:
     from mlflow.tracking import MlflowClient
 
     from core.cache import Cache
-    from bench.runner import RunOptions, plan, run_trial
+    from bench.plan import plan
+    from bench.runner import RunOptions, run_trial
     from bench.tracking import Tracker
     from core.trial import Trial
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from core.config import check_seeds, read_yaml_mapping
 from core.errors import UserError
-from bench.runner import Plan, plan
+from bench.plan import Plan, plan
 from core.trial import Trial
 
 SPEC_FIELDS = {"study", "experiment", "base", "space", "objectives", "constraints", "sampler", "pruner", "n_trials",

@@ -10,7 +10,7 @@ from core.config import build_config, knobs
 from core.errors import UserError
 from core.registry import METHODS, METRICS, TEACHERS
 from core.samples import Samples
-from bench.runner import RUN_FIELDS
+from bench.plan import RUN_FIELDS
 from methods.base import OwnSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
 from tests.fakes import (LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher, tiny_emu3_teacher,

@@ -116,7 +116,8 @@ def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
     with SJD on the tiny GPT teacher registered for the test."""
     _needs("mlflow", "yaml", "numpy", "psutil", "torchvision")
     from core.registry import TEACHERS
-    from bench.runner import RunOptions, plan, run_trial
+    from bench.plan import plan
+    from bench.runner import RunOptions, run_trial
     from bench.tracking import Tracker
     from core.trial import Trial
 

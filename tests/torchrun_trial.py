@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core import distributed  # noqa: E402
 from core.cache import Cache  # noqa: E402
 from core.registry import TEACHERS  # noqa: E402
-from bench.runner import RunOptions, plan, run_trial  # noqa: E402
+from bench.plan import plan  # noqa: E402
+from bench.runner import RunOptions, run_trial  # noqa: E402
 from bench.tracking import NullTracker  # noqa: E402
 from core.trial import Trial  # noqa: E402
 from tests.fakes import RegisteredTinyGPT  # noqa: E402

@@ -44,7 +44,8 @@ def _dry_run(title: str, load, warmup: int) -> int:
 
 def cmd_run(args) -> int:
     from core import distributed
-    from bench.runner import plan, run_trial
+    from bench.plan import plan
+    from bench.runner import run_trial
     from bench.tracking import NullTracker, Tracker, tracking_uri
 
     if args.dry_run:
@@ -121,7 +122,8 @@ def cmd_suite(args) -> int:
 def cmd_lambada(args) -> int:
     """LAMBADA-style task of a text teacher's corpus, as a runner task: planned, budgeted, logged as one run."""
     from core.registry import TEACHERS
-    from bench.runner import execute, plan
+    from bench.plan import plan
+    from bench.runner import execute
     from bench.tracking import Tracker, tracking_uri
     from core.trial import Trial
     from metrics.lambada import lambada

@@ -1,0 +1,131 @@
+"""A trial's plan: every name, knob, file and device checked, and the config resolved, before any work.
+
+`plan` is what every command calls first (`run`, `suite`, `sweep`, `lambada`, a dry run); the runner
+(`bench.runner`) executes the `Plan` it returns. A plan builds nothing: no teacher is loaded and no method
+constructed, so a mistake in trial 40 of a suite is refused before trial 1 starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from core import files
+from core.config import build_config, config_dict, knobs
+from core.envinfo import resolve_device
+from core.errors import UserError
+from core.registry import METHODS, METRICS, TEACHERS
+from core.trial import Trial
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    """A requested metric, "name" or "name@extractor", checked before any work."""
+
+    spec: str
+    cls: Any
+    extractor: str | None
+    unavailable: str | None  # why it cannot be computed here (the run is tagged instead); None when it can
+
+    @classmethod
+    def parse(cls, spec: str) -> "MetricPlan":
+        name, at, extractor = spec.partition("@")
+        metric_cls = METRICS.get(name)
+        if at and not extractor:
+            raise UserError(f"metric {spec!r}: name an extractor after '@' or drop the '@'")
+        return cls(spec, metric_cls, extractor or None, metric_cls.check(extractor or None))
+
+
+
+@dataclass
+class Plan:
+    """A validated trial: everything resolved, nothing built yet."""
+
+    trial: Trial  # params resolved to the full config
+    teacher_cls: Any
+    method_cls: Any
+    config: Any
+    metrics: list[MetricPlan]
+    device: torch.device
+    paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`core.paper`), if any
+    needs: tuple[files.Needed, ...] = ()  # the files it reads from the user, listed when planned in a dry run
+
+    @property
+    def sampling(self) -> Any:
+        """The family's sampling settings in the method's config: what the reference arm samples with."""
+        return self.method_cls.sampling_of(self.config)
+
+    @property
+    def reference(self) -> str:
+        """The name of the reference arm's sampler (the family's own sampler's registry name)."""
+        return self.teacher_cls.family.sampler
+
+
+def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
+    family = teacher_cls.family
+    if family not in method_cls.families:
+        raise UserError(f"method {method!r} does not accept teacher {teacher!r} (family {family}); it accepts: "
+                        f"{', '.join(str(f) for f in method_cls.families)}")
+    if teacher_cls.modality not in method_cls.modalities:
+        raise UserError(f"method {method!r} needs a teacher that generates {' or '.join(method_cls.modalities)}; "
+                        f"teacher {teacher!r} generates {teacher_cls.modality}")
+
+
+RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference", "warmup", "threads"})
+
+
+def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
+    """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
+    (inside `core.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
+    paper's numbers for this trial, already checked (`core.paper.check_paper`)."""
+    if not files.auditing():
+        return _plan(trial, paper)
+    with files.audit() as needed:
+        p = _plan(trial, paper)
+    return dataclasses.replace(p, needs=tuple(needed))
+
+
+def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
+    teacher_cls = TEACHERS.get(trial.teacher)
+    method_cls = METHODS.get(trial.method)
+    metrics = [MetricPlan.parse(m) for m in trial.metrics]
+    check_family(trial.method, method_cls, trial.teacher, teacher_cls)
+    for m in metrics:
+        if m.cls.modality != teacher_cls.modality:
+            valid = sorted(name for name, cls in METRICS.items() if cls.modality == teacher_cls.modality)
+            raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
+                            f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
+        m.cls.check_teacher(trial.teacher, teacher_cls, m.extractor)
+    owner = f"method {trial.method!r}"
+    config_cls = method_cls.config_class(teacher_cls.family)
+    clash = sorted(set(knobs(config_cls)) & RUN_FIELDS)
+    if clash:  # a programming error in the method: its knob would overwrite a run's field in MLflow
+        raise TypeError(f"{config_cls.__name__}: knob {clash[0]!r} is named like a trial field; rename it")
+    config = build_config(config_cls, trial.params, owner=owner)
+    if teacher_cls.family.check is not None:
+        try:
+            teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
+        except ValueError as exc:
+            raise UserError(f"{owner} on teacher {trial.teacher!r}: {exc}") from None
+    if refusal := method_cls.batch_refusal(teacher_cls, trial.batch_size):
+        raise UserError(f"method {trial.method!r}: {refusal}")
+    device = resolve_device(trial.device)
+    if files.auditing():
+        for path in getattr(teacher_cls, "files", tuple)():
+            files.require(path, "")
+    elif missing := getattr(teacher_cls, "unavailable", lambda: None)():
+        raise UserError(f"teacher {trial.teacher!r}: {missing}")
+    for path, missing in method_cls.required_files(config).items():
+        files.require(path, missing)
+    resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
+    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, dict(paper or {}))
+
+
+
+def run_name(p: Plan) -> str:
+    """e.g. "sjd[window=16,init=random] digits-ar-t2i s0": the MLflow UI's run column tells settings apart."""
+    t = p.trial
+    shown = ",".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
+    return f"{t.method}[{shown}] {t.teacher} s{t.seed}" if shown else f"{t.method} {t.teacher} s{t.seed}"
