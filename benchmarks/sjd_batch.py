@@ -2,7 +2,7 @@
 
     python benchmarks/sjd_batch.py [--n-samples 64] [--window 16] [--batches 1 4 16] [--seed 0]
 
-On the tiny zoo teacher `digits-ar-t2i` (from the cache, or the zoo, trained on first use), one torch thread, CPU.
+On the tiny teacher `digits-ar-t2i` (from the cache, or the zoo, trained on first use), one torch thread, CPU.
 At each batch size both samplers decode the same conditions in this process, one after the other, after one warm-up
 batch each. SJD's batches run every row with its own window, acceptance and rollback in shared forward passes (a
 ragged KV cache), finished rows leaving the batch; "NFE / sample" counts the passes each sample went through, "batch

@@ -1,7 +1,7 @@
 """Content-addressed on-disk cache for trained teachers, students, trajectories and reference statistics.
 
 Entries live at `<root>/<kind>/<key>.pt`: a header line naming the kind, the key, the payload's size and sha256, then
-the `torch.save` payload. An entry the cache lacks is taken from the model zoo shipped with the project (`Zoo`:
+the `torch.save` payload. An entry the cache lacks is taken from the model zoo shipped with the project (`ModelZoo`:
 trained teachers and students, compressed, listed with their sha256 in `zoo/manifest.json`) when the zoo has that
 kind and key, and copied into the cache; otherwise it is built. A file whose header does not match its name or its
 payload (truncated, corrupted, written by another version) is reported on stderr, deleted and rebuilt, never loaded.
@@ -108,7 +108,7 @@ def decode(kind: str, key: str, data: bytes) -> Any:
         raise CorruptEntry(f"payload does not load: {type(exc).__name__}: {exc}") from None
 
 
-class Zoo:
+class ModelZoo:
     """Cache entries shipped with the project: `<folder>/manifest.json` lists each one's kind, key, file (the entry's
     bytes, xz-compressed), sha256 and size of the decompressed entry, and what built it (`accelbench zoo build`)."""
 
@@ -119,7 +119,7 @@ class Zoo:
                         if manifest.is_file() else {})
 
     @classmethod
-    def default(cls) -> "Zoo | None":
+    def default(cls) -> "ModelZoo | None":
         """The zoo named by ACCELBENCH_ZOO, else the project's own; None when it is "off"."""
         setting = os.environ.get(ZOO_ENV, "")
         return None if setting == "off" else cls(setting or PROJECT_ZOO)
@@ -142,9 +142,9 @@ _DEFAULT = object()
 
 
 class Cache:
-    def __init__(self, root: str | os.PathLike | None = None, zoo: Zoo | None = _DEFAULT):
+    def __init__(self, root: str | os.PathLike | None = None, zoo: ModelZoo | None = _DEFAULT):
         self.root = Path(root) if root is not None else DEFAULT_ROOT
-        self.zoo = Zoo.default() if zoo is _DEFAULT else zoo
+        self.zoo = ModelZoo.default() if zoo is _DEFAULT else zoo
 
     def path(self, kind: str, key: str) -> Path:
         return self.root / kind / f"{key}.pt"

@@ -97,7 +97,7 @@ def test_an_entry_comes_from_the_zoo_when_it_matches_and_is_verified(tmp_path, c
     import json
     import lzma
 
-    from core.cache import Cache, Zoo, encode
+    from core.cache import Cache, ModelZoo, encode
 
     zoo_dir = tmp_path / "zoo"
     (zoo_dir / "teachers").mkdir(parents=True)
@@ -106,12 +106,12 @@ def test_an_entry_comes_from_the_zoo_when_it_matches_and_is_verified(tmp_path, c
     entry = {"kind": "teachers", "key": "k1", "file": "teachers/k1.pt.xz", "bytes": len(data),
              "sha256": hashlib.sha256(data).hexdigest()}
     (zoo_dir / "manifest.json").write_text(json.dumps({"entries": [entry]}))
-    cache = Cache(tmp_path / "cache", zoo=Zoo(zoo_dir))
+    cache = Cache(tmp_path / "cache", zoo=ModelZoo(zoo_dir))
     obj, cached = cache.get_or_build("teachers", "k1", lambda: pytest.fail("built although the zoo has it"))
     assert cached and torch.equal(obj["w"], torch.arange(3)) and cache.path("teachers", "k1").is_file()
     assert cache.get_or_build("teachers", "k2", lambda: {"w": 1}) == ({"w": 1}, False)  # not in the zoo: built
     # a zoo file that does not match its sha256 is reported and the entry built instead
     (zoo_dir / "teachers" / "k1.pt.xz").write_bytes(lzma.compress(data[:-1] + b"x"))
-    other = Cache(tmp_path / "other", zoo=Zoo(zoo_dir))
+    other = Cache(tmp_path / "other", zoo=ModelZoo(zoo_dir))
     assert other.get_or_build("teachers", "k1", lambda: {"w": 2}) == ({"w": 2}, False)
     assert "model zoo entry teachers/k1 is unusable" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from core.errors import UserError
 from core.registry import TEACHERS
 from metrics.extractors import ClassifierRecipe, classifier_recipe, load_classifier
 from teachers.data import images as datasets
-from teachers.tiny.zoo import FashionARText
+from teachers.tiny.registered import FashionARText
 from teachers.data.images import FASHION_DIR, FASHION_ENV, FASHION_FILES, caption_table, load_image_dataset
 from teachers.families.ar_token import SamplingConfig, sample_ar
 from teachers.tiny.image_ar import CaptionVocab

@@ -6,9 +6,9 @@ import json
 import pytest
 import yaml
 
-from core.cache import PROJECT_ZOO, Cache, Zoo
+from core.cache import PROJECT_ZOO, Cache, ModelZoo
 from bench.suite import load_suite
-from bench.zoo import DEMO_SUITE, ZOO_KINDS, build, distinct, prepare
+from bench.zoo_build import DEMO_SUITE, ZOO_KINDS, build, distinct, prepare
 
 ZOO_LIMIT_MB = 60
 
@@ -38,20 +38,20 @@ def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_r
         "dd[steps=1,t2=0,ts=0] digits-ar-c2i", "onestep*[n_pairs=32] digits-ar-c2i"]
     assert json.loads((tmp_path / "zoo" / "manifest.json").read_text()) == manifest
     plans = distinct(load_suite(str(suite)).plans)
-    cache = ZooOnly(tmp_path / "cache", zoo=Zoo(tmp_path / "zoo"))
+    cache = ZooOnly(tmp_path / "cache", zoo=ModelZoo(tmp_path / "zoo"))
     for p in plans:
         prepare(p, cache)  # nothing of the zoo's kinds is built: all four entries came from it
-    from teachers.tiny.zoo import DigitsARText
+    from teachers.tiny.registered import DigitsARText
 
     monkeypatch.setattr(DigitsARText, "recipe", dataclasses.replace(DigitsARText.recipe, steps=31))
     with pytest.raises(pytest.fail.Exception, match="the zoo does not hold"):
-        prepare(plans[0], ZooOnly(tmp_path / "fresh", zoo=Zoo(tmp_path / "zoo")))
+        prepare(plans[0], ZooOnly(tmp_path / "fresh", zoo=ModelZoo(tmp_path / "zoo")))
 
 
 def test_the_shipped_zoo_holds_what_the_demo_needs(tmp_path):
     manifest = json.loads((PROJECT_ZOO / "manifest.json").read_text())
     assert manifest["total_xz_bytes"] <= ZOO_LIMIT_MB * 2**20
     assert sum((PROJECT_ZOO / e["file"]).stat().st_size for e in manifest["entries"]) == manifest["total_xz_bytes"]
-    cache = ZooOnly(tmp_path, zoo=Zoo(PROJECT_ZOO))
+    cache = ZooOnly(tmp_path, zoo=ModelZoo(PROJECT_ZOO))
     for p in distinct(load_suite(str(DEMO_SUITE)).plans):
         prepare(p, cache)

@@ -8,7 +8,7 @@ import dataclasses
 from teachers.data.text import TextDataRecipe
 from teachers.tiny import image_masked_mar
 from teachers.tiny.image_mar import ModelSize
-from teachers.tiny.zoo import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, DigitsMaskedMARClass,
+from teachers.tiny.registered import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, DigitsMaskedMARClass,
                                DigitsVARClass, FashionARClass, FashionARText, WordNetGPT, WordNetMDLM)
 
 

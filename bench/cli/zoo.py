@@ -1,4 +1,4 @@
-"""`accelbench zoo build`: rebuild the model zoo from the project's own recipes (see `bench.zoo`)."""
+"""`accelbench zoo build`: rebuild the model zoo from the project's own recipes (see `bench.zoo_build`)."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ def cmd_zoo_build(args) -> int:
     from core.cache import PROJECT_ZOO
     from core.config import writable_dir
     from bench.suite import load_suite
-    from bench.zoo import DEMO_SUITE, build
+    from bench.zoo_build import DEMO_SUITE, build
 
     suite = load_suite(str(args.suite or DEMO_SUITE))
     out = writable_dir(args.out or PROJECT_ZOO, "zoo folder (--out)")

@@ -7,7 +7,7 @@ method, build its extra arms), then writes every cache entry of the zoo's kinds 
 xz-compressed, with its kind, key (the hash of the recipe that made it), what it is, size, sha256 and the trials whose
 fit asked for it (a teacher, loaded once per process, names the first) in `zoo/manifest.json`, and the command, code
 version and time that built it. `core.cache.Cache` takes an entry from there when kind and key
-match (`core.cache.Zoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
+match (`core.cache.ModelZoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
 i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
 """
 from __future__ import annotations

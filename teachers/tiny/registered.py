@@ -1,4 +1,4 @@
-"""The registered tiny teachers: a recipe each (declared by name in `teachers/__init__.py`)."""
+"""The registered tiny teachers: a recipe each (registered by name in `teachers/__init__.py`)."""
 import dataclasses
 
 from teachers.tiny.image_ar import ImageARRecipe, ImageARTeacher
