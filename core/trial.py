@@ -12,6 +12,9 @@ from core.errors import UserError
 from core.precision import DTYPES
 
 MAX_COUNT = 2**31 - 1  # samples, batch, repeats: torch takes sizes as C integers; a count above this is a typo
+# torch.Generator.manual_seed takes at most 2**64 - 1, and the runner seeds the warm-up with seed + 1_000_003: a seed
+# below 2**63 leaves that room
+MAX_SEED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class Trial:
                 raise UserError(f"trial: {name} must be at most 2**31 - 1 = {MAX_COUNT}, got {value}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UserError(f"trial: seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed > MAX_SEED:
+            raise UserError(f"trial: seed must be at most 2**63 - 1 = {MAX_SEED}, got {self.seed}")
         if self.dtype not in DTYPES:
             raise UserError(f"trial: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("tf32", "compile"):

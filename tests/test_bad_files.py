@@ -264,3 +264,10 @@ def test_a_sample_count_beyond_torch_is_one_line_stating_the_limit(tmp_path, cap
                              "99999999999999999999999", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
                              "--cache-dir", str(tmp_path / "c"))
     assert "n_samples must be at most 2**31 - 1 = 2147483647, got 99999999999999999999999" in err
+
+
+def test_a_seed_beyond_torch_is_one_line_stating_the_limit(tmp_path, capsys):
+    err = refused_by_the_cli(capsys, "run", "--teacher", "digits-ar-c2i", "--method", "ar", "--seed",
+                             str(2**64), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+                             "--cache-dir", str(tmp_path / "c"))
+    assert f"seed must be at most 2**63 - 1 = {2**63 - 1}, got {2**64}" in err
