@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import re
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -21,9 +22,23 @@ def read_state_dict(path: Path, wrappers: tuple[str, ...]) -> dict[str, torch.Te
     itself. Loaded with `weights_only` (tensors and containers only), allowing the argparse "args" entry that training
     checkpoints carry (docs/checkpoints.md, trap T1). A file that is not such a checkpoint (damaged, cut short, a
     pickle of other objects, a bare tensor) is one `UserError` naming it: torch's own errors run to thirty lines."""
+    with torch_load_errors(path), torch.serialization.safe_globals([argparse.Namespace]):
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(blob, dict):
+        raise UserError(f"{path}: holds a {type(blob).__name__}, not a state dict (a mapping of names to tensors)")
+    for wrapper in wrappers:
+        if isinstance(blob.get(wrapper), dict):
+            return blob[wrapper]
+    return blob
+
+
+@contextmanager
+def torch_load_errors(path: Path) -> Iterator[None]:
+    """Turn what `torch.load` (or `torch.jit.load`, or a library loading a checkpoint with it) raises on a file that is
+    not a checkpoint of tensors into one `UserError` naming `path`: a pickle of other objects, random bytes, a zip
+    archive cut short."""
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            blob = torch.load(path, map_location="cpu", weights_only=True)
+        yield
     except pickle.UnpicklingError as exc:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
         if found:
@@ -35,12 +50,32 @@ def read_state_dict(path: Path, wrappers: tuple[str, ...]) -> dict[str, torch.Te
     except (RuntimeError, EOFError, ValueError, OSError) as exc:  # OSError: a seek past the end of a cut zip
         why = str(exc).split(". ")[0].strip() or "the file ends early"
         raise UserError(f"{path}: not a PyTorch checkpoint, or a truncated one ({why[:200]})") from None
-    if not isinstance(blob, dict):
-        raise UserError(f"{path}: holds a {type(blob).__name__}, not a state dict (a mapping of names to tensors)")
-    for wrapper in wrappers:
-        if isinstance(blob.get(wrapper), dict):
-            return blob[wrapper]
-    return blob
+
+
+def check_whole(path: Path) -> None:
+    """A look at a checkpoint file that loads nothing, for planning: a torch zip archive (`torch.save`'s format, and
+    TorchScript's) whose central directory reads, a safetensors header that parses, or a legacy `torch.save` pickle.
+    A file of random bytes or cut short is one `UserError` naming it before any trial work; what the file holds is
+    checked when it loads (`read_state_dict`, `torch_load_errors`)."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safetensors_errors(path), safe_open(path, framework="pt"):
+            return
+    try:
+        with path.open("rb") as fh:
+            first = fh.read(1)
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                archive.namelist()
+            return
+    except zipfile.BadZipFile as exc:
+        raise UserError(f"{path}: a damaged zip archive ({exc}), not a whole PyTorch checkpoint") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if first != b"\x80":  # every pickle since protocol 2 opens with PROTO; a pre-zip torch.save is one
+        raise UserError(f"{path}: not a PyTorch checkpoint: neither a zip archive (a file cut short has lost the "
+                        f"archive's directory at its end) nor a pickle")
 
 
 @contextmanager

@@ -25,6 +25,7 @@ import torch.nn as nn
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
 from core.cache import Cache, config_key
+from core.checkpoints import mismatch, torch_load_errors
 from core.errors import UserError
 from core.rng import seeded
 from core.training import optimizer_step, threads
@@ -214,8 +215,17 @@ def load_open_clip(arch: str, path: Path, *, device: torch.device) -> OpenCLIP:
 
     The checkpoint is a state dict, or a dict with one under "state_dict" (as the HPS v2 files), keys optionally
     prefixed "module." (DDP); open_clip's own loader handles all three and loads strictly. The absolute path can never
-    be mistaken for a pretrained tag, so nothing is downloaded.
+    be mistaken for a pretrained tag, so nothing is downloaded. A file open_clip cannot read, or the checkpoint of
+    another architecture, is one `UserError` naming it.
     """
-    with seeded(0):  # the random init, replaced by the checkpoint, draws from the global generators
-        model = open_clip.create_model(arch, pretrained=str(path), device=device)
+    with torch_load_errors(path):
+        try:
+            with seeded(0):  # the random init, replaced by the checkpoint, draws from the global generators
+                model = open_clip.create_model(arch, pretrained=str(path), device=device)
+        except RuntimeError as exc:
+            if "Error(s) in loading state_dict" not in str(exc):
+                raise
+            raise UserError(f"{path}: not a checkpoint of open_clip's {arch} ({mismatch(exc)})") from None
+        except (AttributeError, StopIteration):  # open_clip takes what the file holds as a non-empty mapping
+            raise UserError(f"{path}: holds no state dict (a mapping of names to tensors)") from None
     return OpenCLIP(arch, model, open_clip.get_tokenizer(arch), batch=CHECKPOINT_BATCH, info={"checkpoint": str(path)})

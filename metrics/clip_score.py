@@ -21,6 +21,7 @@ import torch.nn as nn
 from torchmetrics.multimodal.clip_score import CLIPScore as TorchmetricsCLIPScore
 
 from core.cache import Cache
+from core.checkpoints import check_whole
 from core.errors import UserError
 from metrics import clip_hf
 from metrics.base import TORCHMETRICS_LOCAL, Metric
@@ -74,7 +75,7 @@ class CLIPScore(Metric):
         if extractor is not None and is_folder_name(extractor):
             clip_hf.check(extractor)
         elif extractor is not None:
-            cls._checkpoint(extractor)
+            check_whole(cls._checkpoint(extractor))
         return None
 
     @classmethod

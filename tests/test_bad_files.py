@@ -271,3 +271,69 @@ def test_a_seed_beyond_torch_is_one_line_stating_the_limit(tmp_path, capsys):
                              str(2**64), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
                              "--cache-dir", str(tmp_path / "c"))
     assert f"seed must be at most 2**63 - 1 = {2**63 - 1}, got {2**64}" in err
+
+
+# ---- the metrics' model files: open_clip checkpoints (clip@<arch>, hpsv2), Inception's TorchScript ----------------
+
+def _bad_checkpoint(path: Path, good: Path, how: str) -> Path:
+    """`good` copied to `path` and damaged `how`, or `path` written with the wrong content."""
+    if how in ("random", "half"):
+        shutil.copy(good, path)
+        return damage(path, how)
+    content = {"tensor": torch.zeros(3), "objects": {"state_dict": {"w": _Object()}},
+               "keys": {"state_dict": {"w": torch.zeros(2)}}}[how]
+    torch.save(content, path)
+    return path
+
+
+@pytest.mark.parametrize("how, message", [
+    ("random", "not a PyTorch checkpoint"),
+    ("half", "a truncated one"),
+    ("tensor", "holds no state dict"),
+    ("objects", "holds objects other than tensors (tests.test_bad_files._Object)"),
+    ("keys", "not a checkpoint of open_clip's AccelBench-Tiny-CLIP (Missing key(s)"),
+])
+def test_a_bad_open_clip_checkpoint_is_one_line_naming_it(tmp_path, how, message):
+    from metrics.clip_models import load_open_clip
+    from tests.test_metrics_clip import TINY_ARCH, register_tiny_arch, tiny_state_dict
+
+    register_tiny_arch(tmp_path)
+    good = tmp_path / "good.pt"
+    torch.save({"state_dict": tiny_state_dict(seed=1)}, good)
+    path = _bad_checkpoint(tmp_path / f"{how}.pt", good, how)
+    with pytest.raises(UserError) as exc:
+        load_open_clip(TINY_ARCH, path, device=torch.device("cpu"))
+    assert message in one_line(exc, path)
+
+
+@pytest.mark.parametrize("how", ["random", "half"])
+def test_a_damaged_metric_file_is_refused_when_planned_not_skipped(tmp_path, monkeypatch, how):
+    """A missing HPS v2 file makes the metric unavailable (the trial runs); one that is there but damaged is refused
+    at planning, as are a damaged clip@<arch> checkpoint and a damaged Inception TorchScript."""
+    from metrics import inception
+    from metrics.clip_score import CHECKPOINT_ENV as CLIP_ENV
+    from metrics.clip_score import CLIPScore
+    from metrics.hpsv2 import CHECKPOINT_ENV as HPS_ENV
+    from metrics.hpsv2 import HPSv2
+
+    good = tmp_path / "good.pt"
+    torch.save({"state_dict": {"w": torch.zeros(64, 64)}}, good)
+    path = _bad_checkpoint(tmp_path / f"{how}.pt", good, how)
+    monkeypatch.setenv(HPS_ENV, str(tmp_path / "absent.pt"))
+    assert "not found" in HPSv2.check(None)
+    for env, check in ((HPS_ENV, lambda: HPSv2.check(None)), (CLIP_ENV, lambda: CLIPScore.check("ViT-B-16")),
+                       (inception.ENV, inception.weights_path)):
+        monkeypatch.setenv(env, str(path))
+        with pytest.raises(UserError) as exc:
+            check()
+        assert "PyTorch checkpoint" in one_line(exc, path)
+
+
+def test_a_checkpoint_that_is_not_torchscript_is_one_line_for_the_inception_network(tmp_path):
+    from metrics.inception import InceptionExtractor
+
+    path = tmp_path / "state_dict.pt"
+    torch.save({"w": torch.zeros(2)}, path)
+    with pytest.raises(UserError) as exc:
+        InceptionExtractor(path)
+    assert "not the TorchScript network" in one_line(exc, path)
