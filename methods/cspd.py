@@ -16,31 +16,22 @@ Three modes (docs/methods/cspd.md, 'Modes and knobs'):
   stds of the two models agree.
 - `released`: the released code's scheme: every drafted token is accepted or replaced on its own, nothing is
   discarded (each round advances gamma tokens), Sigma inverted (prod sigma_p / prod sigma_q) and the acceptance
-  exponent divided by `inner_temperature` (42). On the masked family (MAR, `masked_ar`) it is the released
-  `SpecDecodeRunner.run`: the target predicts the window from the verified tokens alone (the drafts masked), at the
-  window's last step's CFG scale, and a window ends at every step that is a multiple of gamma and at the last step
-  (so the first one after the pre-fill may be shorter). On the causal family (`continuous_ar`) the target reads the
-  drafts, as the paper's text says of MAR: that difference is logged with every such run
-  (`caveat.cspd_released_conditioning`).
-On the masked family `exact` and `paper` need one token per step (num_iter 0): the target's law of step i given the
-prefix and drafts 1..i-1 comes from one batched pass over gamma + 1 known sets (docs/methods/cspd.md), which makes
-`exact` lossless against MAR's own sampler (`sample_mar`) on the same order and noise.
-Where the released code returns a zero token after `max_tries` failed proposals, every mode here returns the last
-proposal (a draw from the target's last step) and counts the row in `resample_exhausted`.
+  exponent divided by `inner_temperature` (42).
+
+This file holds the configs and the registered method, which runs the loop of its teacher's family:
+`methods.cspd_causal` (`continuous_ar`) or `methods.cspd_masked` (`masked_ar`, MAR), both verifying with
+`methods.cspd_verify` (Eq. 8-13).
 """
 from __future__ import annotations
 
-import math
-from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from core.samples import Samples
+from methods import cspd_causal, cspd_masked
 from methods.base import Method, Passes
 from teachers.families import continuous_ar, masked_ar
-from teachers.families.continuous_ar import HeadOutput, TokenNoise
 
 MODES = ("exact", "paper", "released")
 
@@ -78,60 +69,6 @@ class MaskedCSpDConfig(CSpDConfig):
     sampling: masked_ar.SamplingConfig = masked_ar.SamplingConfig()
 
 
-def log_density(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """log N(x; mean, diag(exp(log_std))^2) over the last dim, the exponent divided by scale^2; (...,)."""
-    z = (x - mean) / (log_std.exp() * scale)
-    return (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def log_sigma(p: HeadOutput, q: HeadOutput, mode: str) -> torch.Tensor:
-    """log Sigma of each token (M,): 0 (exact), Eq. 8 (paper) or its reciprocal (released)."""
-    if mode == "exact":
-        return torch.zeros_like(p.log_std_sum)
-    return (q.log_std_sum - p.log_std_sum) * (1 if mode == "paper" else -1)
-
-
-def acceptance_log_ratio(x, p: HeadOutput, q: HeadOutput, mode: str, inner_temperature: float) -> torch.Tensor:
-    """log r for draft tokens x (M, D): r = Sigma p(x | x_1^p) / q(x | x_1^q), the released code's exponent / 42."""
-    scale = inner_temperature if mode == "released" else 1.0
-    return log_sigma(p, q, mode) + log_density(x, p.mean, p.log_std, scale) - log_density(x, q.mean, q.log_std, scale)
-
-
-def residual_keep(log_p: torch.Tensor, log_q: torch.Tensor, log_sig: torch.Tensor) -> torch.Tensor:
-    """alpha_s = max(0, Sigma p - q) / (Sigma p) of proposals x from p, given log p(x), log q(x) and log Sigma
-    (Eq. 13)."""
-    return (1 - torch.exp(log_q - log_p - log_sig)).clamp(min=0)
-
-
-def residual_sample(propose: Callable[[int], torch.Tensor], log_p: Callable, log_q: Callable, log_sig: torch.Tensor,
-                    generator: torch.Generator, max_tries: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw from max(0, Sigma p - q) / Z by acceptance-rejection with proposal p (Eq. 10-13), for M rows at once.
-
-    propose(m) draws m proposals from p; log_p / log_q map (m, D) proposals to (m,) log densities; log_sig (M,).
-    A proposal x is kept with probability alpha_s = max(0, 1 - q(x) / (Sigma p(x))). Returns the samples (M, D),
-    the proposals each row used (M,), and which rows ran out of tries (their last proposal is returned).
-    """
-    M = len(log_sig)
-    out, tries = None, torch.zeros(M, dtype=torch.long, device=log_sig.device)
-    todo = torch.arange(M, device=log_sig.device)
-    for _ in range(max_tries):
-        x = propose(M)
-        if out is None:
-            out = x.clone()
-        keep_p = residual_keep(log_p(x), log_q(x), log_sig)
-        ok = torch.rand(M, generator=generator, device=x.device) < keep_p
-        pending = torch.zeros(M, dtype=torch.bool, device=x.device)
-        pending[todo] = True
-        out[pending] = x[pending]  # rows still searching hold their latest proposal
-        tries += pending
-        todo = todo[~ok[todo]]
-        if len(todo) == 0:
-            break
-    exhausted = torch.zeros(M, dtype=torch.bool, device=log_sig.device)
-    exhausted[todo] = True
-    return out, tries, exhausted
-
-
 class CSpD(Method):
     """Continuous speculative decoding: a draft model proposes, the target verifies (arXiv:2411.11925)."""
 
@@ -160,232 +97,5 @@ class CSpD(Method):
 
     @torch.inference_mode()
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
-        if self.teacher.family is masked_ar.FAMILY:
-            return self._sample_masked(cond, generator)
-        return self._sample_causal(cond, generator)
-
-    def _sample_causal(self, cond: torch.Tensor, generator: torch.Generator) -> Samples:
-        cfg, t = self.config, self.teacher
-        B, N, D, s = len(cond), t.seq_len, t.token_dim, cfg.sampling
-        noise = TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # as the target-alone sampler draws it
-        tokens = torch.empty(B, N, D, device=cond.device)
-        c = Counter(tokens=B * N, nfe=B, draft_nfe=B)  # the two condition prefills
-        n_pre = min(N, math.floor(N * cfg.prefill) + 1)
-        tgt, z = t.target.start(cond, cfg=s.cfg)
-        drf, _ = t.draft.start(cond, cfg=s.cfg)
-        for i in range(n_pre):  # token pre-filling: the target alone, on the same noise
-            tokens[:, i] = t.target.denoise(z, noise.x_T[:, i], noise.eps[:, i], s).x0
-            if i + 1 < n_pre:
-                z = t.target.extend(tgt, tokens[:, i : i + 1])[:, 0]
-        c.update(nfe=B * (n_pre - 1), head_chains=B * n_pre)
-        if n_pre > 1:  # the draft reads what the target read, in one pass
-            t.draft.extend(drf, tokens[:, : n_pre - 1])
-            c["draft_nfe"] += B
-        # Per unfinished row: `length` tokens committed; both models have read all but the last k = pending.shape[1].
-        rows = torch.arange(B if n_pre < N else 0, device=cond.device)
-        length = torch.full((len(rows),), n_pre, device=cond.device)
-        pending = tokens[rows, n_pre - 1 : n_pre]  # (M, k, D)
-        while len(rows):
-            M, k, g = len(rows), pending.shape[1], min(cfg.gamma, int((N - length).min()))
-            drafts, q = self._draft(drf, pending, rows, length, g, noise, c)
-            z = t.target.extend(tgt, torch.cat([pending, drafts], 1))[:, k - 1 :]  # (M, g+1, branches, d)
-            x_T, eps = noise.at(rows[:, None].expand(M, g), length[:, None] + torch.arange(g, device=cond.device))
-            p = _unflatten(t.target.denoise(z[:, :g].flatten(0, 1), x_T.flatten(0, 1), eps.flatten(0, 1), s), M)
-            c.update(nfe=M, head_chains=M * g, drafts=M * g)
-            if cfg.mode == "released":  # rows advance in lockstep; re-read from the first replaced token on
-                new, reread = self._replace_each(drafts, p, q, generator, c)
-                n_new, keep, next_pending = torch.full_like(length, g), length + reread, new[:, reread:g]
-            else:
-                def bonus(b):  # the target's own token after g accepted drafts, rows b
-                    return t.target.denoise(z[b, g], *noise.at(rows[b], length[b] + g), s).x0
-
-                new, n_new = self._truncate(drafts, p, q, length + g < N, bonus, generator, c)
-                keep = length + n_new - 1  # the last committed token is the next pending one
-                next_pending = new.gather(1, (n_new - 1)[:, None, None].expand(M, 1, D))
-                if (keep > drf.length).any():  # a row took every draft and a bonus: the draft must read its last
-                    t.draft.extend(drf, drafts[:, -1:])
-                    c["draft_nfe"] += M
-            slot = torch.arange(g + 1, device=cond.device)
-            put = slot[None] < n_new[:, None]  # (M, g+1)
-            pos = (length[:, None] + slot).clamp(max=N - 1)
-            tokens[rows[:, None].expand_as(pos)[put], pos[put]] = new[put]
-            length, pending = length + n_new, next_pending
-            t.target.rollback(tgt, keep)
-            t.draft.rollback(drf, keep)
-            live = (length < N).nonzero().squeeze(1)
-            if len(live) < M:
-                rows, length, pending = rows[live], length[live], pending[live]
-                t.target.select(tgt, live)
-                t.draft.select(drf, live)
-        return Samples(tokens, cond, c)
-
-    def _draft(self, drf, pending, rows, length, g, noise: TokenNoise, c: Counter) -> tuple[torch.Tensor, HeadOutput]:
-        """g draft tokens per row, each on its position's noise: (M, g, D) and the draft's head outputs (M, g, ...)."""
-        draft, s, M = self.teacher.draft, self.config.sampling, len(rows)
-        z = draft.extend(drf, pending)[:, -1]
-        outs = []
-        for j in range(g):
-            outs.append(draft.denoise(z, *noise.at(rows, length + j), s))
-            if j + 1 < g:
-                z = draft.extend(drf, outs[-1].x0[:, None])[:, 0]
-        c.update(draft_nfe=M * g, draft_head_chains=M * g)
-        q = HeadOutput(*(torch.stack([getattr(o, f) for o in outs], 1) for f in HeadOutput.__dataclass_fields__))
-        return q.x0, q
-
-    def _truncate(self, drafts, p: HeadOutput, q: HeadOutput, room: torch.Tensor, bonus: Callable, generator,
-                  c: Counter) -> tuple[torch.Tensor, torch.Tensor]:
-        """Leviathan's rule (exact, paper): accept the drafts up to the first rejection, then one more token, the
-        residual sample at the rejected position or, where a row has `room` (M,) for it, the target's own bonus
-        token (`bonus(rows)` -> (m, D)). Returns new tokens (M, g+1, D) and how many of them each row commits (M,)."""
-        cfg, (M, g, _) = self.config, drafts.shape
-        log_r = acceptance_log_ratio(drafts, p, q, cfg.mode, cfg.inner_temperature)  # (M, g)
-        ok = torch.rand(M, g, generator=generator, device=drafts.device).log() < log_r
-        n = ok.long().cumprod(1).sum(1)  # accepted prefix
-        new = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], 1)
-        rej = (n < g).nonzero().squeeze(1)
-        new[rej, n[rej]] = self._residual(_rows(p, rej, n[rej]), _rows(q, rej, n[rej]), generator, c)
-        extra = ((n == g) & room).nonzero().squeeze(1)
-        if len(extra):
-            new[extra, g] = bonus(extra)
-            c["head_chains"] += len(extra)
-        c.update(drafts_verified=int(torch.where(n < g, n + 1, n).sum()), drafts_accepted=int(n.sum()),
-                 bonus_tokens=len(extra))
-        return new, torch.where((n < g) | room, n + 1, n)
-
-    def _accept_each(self, x, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> tuple[torch.Tensor, torch.Tensor]:
-        """The released code's rule on drafts x (..., D): each accepted with probability min(1, r) or replaced by a
-        residual sample, on its own. Returns the tokens and which drafts were accepted (...)."""
-        cfg = self.config
-        log_r = acceptance_log_ratio(x, p, q, cfg.mode, cfg.inner_temperature)
-        ok = torch.rand(log_r.shape, generator=generator, device=x.device).log() < log_r
-        new, rejected = x.clone(), (~ok).nonzero(as_tuple=True)
-        new[rejected] = self._residual(_rows(p, *rejected), _rows(q, *rejected), generator, c)
-        c.update(drafts_verified=ok.numel(), drafts_accepted=int(ok.sum()))
-        return new, ok
-
-    def _replace_each(self, drafts, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> tuple[torch.Tensor, int]:
-        """`_accept_each` on a causal window: every row commits all g. Returns the tokens (M, g+1, D) (the last slot
-        unused) and the first slot the models must re-read (the first any row replaced; at most g-1, so one token is
-        always pending)."""
-        new, ok = self._accept_each(drafts, p, q, generator, c)
-        replaced = (~ok).nonzero(as_tuple=True)[1]
-        g = drafts.shape[1]
-        first = min(int(replaced.min()) if len(replaced) else g, g - 1)
-        return torch.cat([new, torch.zeros_like(new[:, :1])], 1), first
-
-    # ---- the masked family (MAR) ----------------------------------------------------------------------------
-    def _sample_masked(self, cond: torch.Tensor, generator: torch.Generator) -> Samples:
-        cfg, t = self.config, self.teacher
-        B, N, D, s = len(cond), t.seq_len, t.token_dim, cfg.sampling
-        noise = TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # as `sample_mar` draws them
-        order = masked_ar.GenerationOrder.draw(B, N, s.iterations(N), generator, cond.device)
-        K, scales = order.n_steps, order.cfg_scales(s)
-        tokens = torch.zeros(B, N, D, device=cond.device)
-        known = torch.zeros(B, N, dtype=torch.bool, device=cond.device)
-        n_pre = min(K, math.floor(K * cfg.prefill) + 1)  # the released code's `step <= num_iter * ratio`
-        c = Counter(tokens=B * N, nfe=B * n_pre, head_chains=int((order.step < n_pre).sum()))
-        for k in range(n_pre):  # token pre-filling: the target alone, on the same noise
-            self._masked_step(t.target, tokens, known, cond, order, k, scales, noise)
-        if cfg.mode == "released":
-            self._released_windows(tokens, known, cond, order, n_pre, scales, noise, generator, c)
-        else:
-            self._leviathan_rounds(tokens, known, cond, order, n_pre, scales, noise, generator, c)
-        return Samples(tokens, cond, c)
-
-    def _masked_step(self, model, tokens, known, cond, order, k: int, scales, noise: TokenNoise) -> HeadOutput:
-        """One step of MAR's sampler with `model`, in place: the positions of step k predicted from the known ones."""
-        z = model.condition(tokens, known, cond, guided=self.config.sampling.cfg != 1)
-        rows, pos = (order.step == k).nonzero(as_tuple=True)
-        out = model.denoise(z[rows, pos], *noise.at(rows, pos), self.config.sampling, float(scales[k]))
-        tokens[rows, pos] = out.x0
-        known[rows, pos] = True
-        return out
-
-    def _released_windows(self, tokens, known, cond, order, k: int, scales, noise, generator, c: Counter) -> None:
-        """The released `SpecDecodeRunner.run` after the pre-fill: the draft steps on (reading its own drafts);
-        at every step that is a multiple of gamma (not 0) and at the last, the target predicts the window (the steps
-        since the last verification) from the verified tokens alone, at the CFG scale of the window's last step,
-        and every window token is accepted or replaced on its own."""
-        t, s, K, (B, N, _) = self.teacher, self.config.sampling, order.n_steps, tokens.shape
-        q = HeadOutput(tokens.clone(), torch.zeros_like(tokens), torch.zeros_like(tokens),
-                       torch.zeros(B, N, device=tokens.device))  # the draft's last-step Gaussians by position
-        verified = known.clone()
-        while k < K:
-            end = next(j for j in range(k, K) if (j % self.config.gamma == 0 and j != 0) or j == K - 1)
-            for j in range(k, end + 1):
-                out = self._masked_step(t.draft, tokens, known, cond, order, j, scales, noise)
-                rows, pos = (order.step == j).nonzero(as_tuple=True)
-                for f in HeadOutput.__dataclass_fields__:
-                    getattr(q, f)[rows, pos] = getattr(out, f)
-            rows, pos = (known & ~verified).nonzero(as_tuple=True)
-            z = t.target.condition(tokens, verified, cond, guided=s.cfg != 1)
-            p = t.target.denoise(z[rows, pos], *noise.at(rows, pos), s, float(scales[end]))
-            tokens[rows, pos], _ = self._accept_each(tokens[rows, pos], p, _rows(q, rows, pos), generator, c)
-            c.update(nfe=B, draft_nfe=B * (end + 1 - k), head_chains=len(rows), draft_head_chains=len(rows),
-                     drafts=len(rows))
-            verified, k = known.clone(), end + 1
-
-    def _leviathan_rounds(self, tokens, known, cond, order, k: int, scales, noise, generator, c: Counter) -> None:
-        """`exact` and `paper` with one token per step: per row, gamma draft steps, then one target pass over
-        gamma + 1 known sets (the prefix, then each draft added) gives p of every drafted step and of the bonus
-        step; Leviathan's truncation at the first rejection. Rows move on at their own pace."""
-        t, s, g_max = self.teacher, self.config.sampling, self.config.gamma
-        B, N, _ = tokens.shape
-        seq = order.step.argsort(dim=1)  # (B, N): the position of step j
-        rows = torch.arange(B if k < N else 0, device=tokens.device)
-        step = torch.full((len(rows),), k, device=tokens.device)  # each row's next step
-        guided = s.cfg != 1
-        while len(rows):
-            M, g = len(rows), min(g_max, int((N - step).min()))
-            ar = torch.arange(M, device=tokens.device)
-            work, seen, outs = tokens[rows], known[rows], []
-            for j in range(g):
-                z = t.draft.condition(work, seen, cond[rows], guided=guided)
-                pos = seq[rows, step + j]
-                outs.append(t.draft.denoise(z[ar, pos], *noise.at(rows, pos), s, scales[step + j]))
-                work[ar, pos], seen[ar, pos] = outs[-1].x0, True
-            q = HeadOutput(*(torch.stack([getattr(o, f) for o in outs], 1) for f in HeadOutput.__dataclass_fields__))
-            slots = torch.arange(g + 1, device=tokens.device)
-            at = (step[:, None] + slots).clamp(max=N - 1)  # (M, g+1) the steps verified, then the bonus step
-            pos = seq[rows[:, None], at]
-            sets = known[rows][:, None].repeat(1, g + 1, 1)  # (M, g+1, N): the prefix, then each draft added
-            for i in range(g):
-                sets[ar[:, None], slots[None, i + 1:], pos[:, i, None]] = True
-            z = t.target.condition(work.repeat_interleave(g + 1, 0), sets.flatten(0, 1),
-                                   cond[rows].repeat_interleave(g + 1, 0), guided=guided).unflatten(0, (M, g + 1))
-            z = z[ar[:, None], slots[None], pos]  # (M, g+1, branches, d): each slot's own position
-            x_T, eps = noise.at(rows[:, None].expand(M, g), pos[:, :g])
-            p = _unflatten(t.target.denoise(z[:, :g].flatten(0, 1), x_T.flatten(0, 1), eps.flatten(0, 1), s,
-                                            scales[at[:, :g]].flatten()), M)
-            c.update(nfe=M, target_rows=M * (g + 1), draft_nfe=M * g, head_chains=M * g, draft_head_chains=M * g,
-                     drafts=M * g)
-
-            def bonus(b):  # the target's own token at the step after g accepted drafts, rows b
-                return t.target.denoise(z[b, g], *noise.at(rows[b], pos[b, g]), s, scales[at[b, g]]).x0
-
-            new, n_new = self._truncate(q.x0, p, q, step + g < N, bonus, generator, c)
-            put = slots[None] < n_new[:, None]  # (M, g+1)
-            r, cols = rows[:, None].expand_as(pos)[put], pos[put]
-            tokens[r, cols], known[r, cols] = new[put], True
-            step = step + n_new
-            live = step < N
-            rows, step = rows[live], step[live]
-
-    def _residual(self, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> torch.Tensor:
-        """Residual samples for rejected tokens (rows of p, q)."""
-        cfg = self.config
-        propose = lambda m: p.mean + p.log_std.exp() * torch.randn(p.mean.shape, generator=generator,  # noqa: E731
-                                                                   device=p.mean.device)
-        x, tries, exhausted = residual_sample(propose, lambda x: log_density(x, p.mean, p.log_std),
-                                              lambda x: log_density(x, q.mean, q.log_std), log_sigma(p, q, cfg.mode),
-                                              generator, cfg.max_tries)
-        c.update(resampled=len(x), resample_tries=int(tries.sum()), resample_exhausted=int(exhausted.sum()))
-        return x
-
-
-def _unflatten(out: HeadOutput, M: int) -> HeadOutput:
-    return HeadOutput(*(getattr(out, f).unflatten(0, (M, -1)) for f in HeadOutput.__dataclass_fields__))
-
-
-def _rows(out: HeadOutput, *index: torch.Tensor) -> HeadOutput:
-    return HeadOutput(*(getattr(out, f)[index] for f in HeadOutput.__dataclass_fields__))
+        loop = cspd_masked if self.teacher.family is masked_ar.FAMILY else cspd_causal
+        return loop.sample(self.teacher, self.config, cond, generator)

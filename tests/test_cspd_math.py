@@ -1,4 +1,5 @@
-"""CSpD math (Continuous Speculative Decoding, Wang et al., arXiv:2411.11925): the pure functions of methods/cspd.py.
+"""CSpD math (Continuous Speculative Decoding, Wang et al., arXiv:2411.11925): the pure functions of
+methods/cspd_verify.py.
 
 Speculative sampling between Gaussians and a mixture is exact, the Sigma-weighted residual sampler (Eq. 13) draws from
 max(0, Sigma p - q) / Z, Theorem 1 and Eq. 7 of the trajectory alignment hold, the max_tries fallback is flagged, and
@@ -13,7 +14,7 @@ import torch
 from scipy import stats
 from scipy.integrate import cumulative_trapezoid, trapezoid
 
-from methods.cspd import acceptance_log_ratio, log_density, log_sigma, residual_sample
+from methods.cspd_verify import acceptance_log_ratio, log_density, log_sigma, residual_sample
 from teachers.networks.diffusion_head import HeadOutput
 
 N = 100_000
@@ -161,7 +162,7 @@ def test_extreme_sigma_stays_in_log_space(log_sig, monkeypatch):
 
 
 def test_max_tries_flags_exhausted_rows_and_returns_the_last_proposal():
-    # the released code returns a zero token here; cspd.py must return a real proposal and count the row
+    # the released code returns a zero token here; cspd_verify.py must return a real proposal and count the row
     g, M, proposals = gen(8), 2000, []
 
     def propose(m):

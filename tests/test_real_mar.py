@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from methods.cspd import CSpD, MaskedCSpDConfig, acceptance_log_ratio, residual_keep
+from methods.cspd import CSpD, MaskedCSpDConfig
+from methods.cspd_verify import acceptance_log_ratio, residual_keep
 from teachers.families import masked_ar
 from teachers.families.continuous_ar import TokenNoise
 from teachers.networks.diffusion_head import HeadOutput, Schedule
@@ -145,7 +146,7 @@ def test_the_acceptance_and_residual_tests_are_the_released_codes(fixture):
         t = f[section]
         log_r = acceptance_log_ratio(f["x"], p, q, "released", t["temperature"])
         assert _close(log_r.exp(), t["judge_accept"], rel=1e-4)
-        from methods.cspd import log_density, log_sigma
+        from methods.cspd_verify import log_density, log_sigma
 
         keep = residual_keep(log_density(f["x"], p.mean, p.log_std), log_density(f["x"], q.mean, q.log_std),
                              log_sigma(p, q, "released"))
