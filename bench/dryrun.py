@@ -16,7 +16,7 @@ from core.config import read_yaml_mapping
 from core.errors import UserError
 from core.files import Needed
 from bench.plan import Plan
-from methods.base import OwnSampler, Passes
+from methods.base import Passes, TeacherSampler
 
 COSTS = Path(__file__).with_name("costs.yaml")
 FREE_KINDS = ("lookup",)
@@ -75,7 +75,7 @@ def estimate(p: Plan, warmup: int) -> TrialCost:
     if cost is None:
         return TrialCost(p, samples, (), None)
     family = p.teacher_cls.family
-    arms = {"ref": OwnSampler.passes(p.sampling, family, cost.length)["method"],
+    arms = {"ref": TeacherSampler.passes(p.sampling, family, cost.length)["method"],
             **p.method_cls.passes(p.config, family, cost.length)}
     out = []
     for arm, passes in arms.items():

@@ -39,7 +39,7 @@ from bench.plan import Plan, run_name
 from bench.tracking import NullTracker, RunLog, Tracker
 from core.training import progress_bars, threads, training_reports
 from core.trial import Trial
-from methods.base import OwnSampler
+from methods.base import TeacherSampler
 from teachers import load_teacher
 
 
@@ -278,7 +278,7 @@ def _spooled(spool: TrialSpool, t: Trial, arms: list[str]) -> int:
 def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict[str, float]:
     p, t, teacher, method, device = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method, ctx.device
     world = distributed.world()
-    arms = {"method": method, "ref": OwnSampler(teacher, p.sampling),
+    arms = {"method": method, "ref": TeacherSampler(teacher, p.sampling),
             **method.extra_arms(cache=ctx.cache, device=device)}
     conds = teacher.conditions(t.n_samples, torch.Generator(device).manual_seed(t.seed)).to(device)
     spooled = _spooled(spool, t, list(arms)) if world.main else 0

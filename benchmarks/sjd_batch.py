@@ -29,7 +29,7 @@ from collections import Counter
 import torch
 
 from core.cache import Cache
-from methods.base import OwnSampler
+from methods.base import TeacherSampler
 from methods.sjd import SJD, SJDConfig
 from teachers import load_teacher
 
@@ -57,7 +57,7 @@ def main():
     device = torch.device("cpu")
     teacher = load_teacher("digits-ar-t2i", cache=Cache(), device=device)
     config = SJDConfig(window=args.window)
-    sjd, ar = SJD(teacher, config), OwnSampler(teacher, config.sampling)
+    sjd, ar = SJD(teacher, config), TeacherSampler(teacher, config.sampling)
     conds = teacher.conditions(args.n_samples, torch.Generator().manual_seed(args.seed))
     print(f"digits-ar-t2i: {teacher.seq_len} tokens, window {args.window}, {args.n_samples} samples, 1 thread, CPU")
     print("| batch | SJD samples/s | AR samples/s | SJD / AR | SJD NFE / sample | SJD batch forwards / batch |")

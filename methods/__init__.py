@@ -1,10 +1,10 @@
 """Acceleration methods and their baselines, declared by import path (importing this package imports none of them)."""
 from core.registry import METHODS
 
-METHODS.register("ar", "methods.own:AR")
-METHODS.register("ddim", "methods.own:DDIM")
-METHODS.register("mdlm", "methods.own:MDLM")
-METHODS.register("mar", "methods.own:MAR")
+METHODS.register("ar", "methods.teacher_samplers:ARSampler")
+METHODS.register("ddim", "methods.teacher_samplers:DDIMSampler")
+METHODS.register("mdlm", "methods.teacher_samplers:MDLMSampler")
+METHODS.register("mar", "methods.teacher_samplers:MARSampler")
 METHODS.register("jacobi", "methods.jacobi:Jacobi")
 METHODS.register("sjd", "methods.sjd:SJD")
 METHODS.register("dd", "methods.dd:DD")

@@ -112,9 +112,9 @@ class Method:
         raise NotImplementedError
 
 
-class OwnSampler(Method):
+class TeacherSampler(Method):
     """The teacher's own sampler (its family's), under a config that is the family's `SamplingConfig` itself: every
-    trial's reference arm, and a method of its own under the family's sampler name (`methods.own`)."""
+    trial's reference arm, and a method of its own under the family's sampler name (`methods.teacher_samplers`)."""
 
     @classmethod
     def config_class(cls, family: Family) -> type:

@@ -1,6 +1,6 @@
 """The (noise, data) pair dataset of Distilled Decoding (Liu et al., arXiv:2412.17153, Algorithm 1).
 
-The teacher runs token by token with its KV cache; each token is q_i = FM(eps_i, p(. | q_<i)) (`token_flow.flow_map`)
+The teacher runs token by token with its KV cache; each token is q_i = FM(eps_i, p(. | q_<i)) (`dd_token_flow.flow_map`)
 instead of a random draw, so a sequence is a deterministic function of its noise (n, C) and its condition. On a VAR
 teacher (`multiscale_vq`) a step is a scale: all its tokens are mapped at once, each from its own noise and its own
 conditional given the earlier scales (docs/methods/dd.md, Eq. 5). The DD
@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from core.cache import Cache, keyed
-from methods.token_flow import FlowConfig, Solver, flow_map
+from methods.dd_token_flow import FlowConfig, Solver, flow_map
 from teachers.families import multiscale_vq
 from teachers.families.ar_token import SamplingConfig, process
 

@@ -41,7 +41,7 @@ from core.rng import seeded
 from core.samples import Samples
 from core.training import ema_update, optimizer_step
 from methods import sdtt_released as released
-from methods.base import Method, OwnSampler, Passes
+from methods.base import Method, Passes, TeacherSampler
 from teachers import load_teacher
 from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
@@ -297,14 +297,14 @@ class SDTT(Method):
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
         KV cache ("ar") at the same length and batch size, each its own family's sampler."""
         cfg = self.config
-        arms = {"same_steps": OwnSampler(self.teacher, cfg.student_sampling)}
+        arms = {"same_steps": TeacherSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
             lm = copy.copy(load_teacher(self.teacher.companion_lm, cache=cache, device=device))
             # as many new tokens as the MDLM arms generate after their prompts, within the LM's positions (1023 for
             # GPT-2 after its BOS against MDLM-OWT's 1024; 50 after a 50-token prompt in `mdlm-owt-prompted`)
             n = min(lm.seq_len, self.teacher.seq_len - getattr(self.teacher, "prompt_tokens", 0))
             lm.seq_len, lm.grid = n, (n,)
-            arms["ar"] = OwnSampler(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
+            arms["ar"] = TeacherSampler(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
         return arms
 
 

@@ -5,7 +5,7 @@ from mlflow.tracking import MlflowClient
 
 from bench import cli
 from core.registry import METHODS
-from methods.own import AR
+from methods.teacher_samplers import ARSampler
 from teachers.families import masked_diffusion
 
 
@@ -202,7 +202,7 @@ def test_trial_yaml_file_gives_the_same_trial_key(tiny_recipe, store, cache_dir,
     assert len(keys) == 1
 
 
-class OtherFamilyMethod(AR):
+class OtherFamilyMethod(ARSampler):
     """A method for a family no registered teacher belongs to."""
 
     families = (masked_diffusion.FAMILY,)

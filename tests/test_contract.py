@@ -11,7 +11,7 @@ from core.errors import UserError
 from core.registry import METHODS, METRICS, TEACHERS
 from core.samples import Samples
 from bench.plan import RUN_FIELDS
-from methods.base import OwnSampler
+from methods.base import TeacherSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
 from tests.fakes import (LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher, tiny_emu3_teacher,
                          tiny_gpt2_folder_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
@@ -53,8 +53,8 @@ def test_teacher_entry(name):
 def test_family_contract(family):
     """A family names its sampling config and its own sampler, registered as a method that accepts the family."""
     assert dataclasses.is_dataclass(family.SamplingConfig) and family.SamplingConfig.__dataclass_params__.frozen
-    own = METHODS.get(family.sampler)
-    assert issubclass(own, OwnSampler) and family in own.families
+    sampler = METHODS.get(family.sampler)
+    assert issubclass(sampler, TeacherSampler) and family in sampler.families
     for make in FAKES[family]:
         teacher = make()
         s = family.SamplingConfig()

@@ -11,7 +11,7 @@ from core.errors import UserError
 from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.skip import Skip, SkipConfig
-from methods.token_flow import FlowConfig
+from methods.dd_token_flow import FlowConfig
 from teachers.families import ar_token
 from tests.fakes import TableAR, make_config, tiny_gpt_teacher
 

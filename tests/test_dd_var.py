@@ -12,7 +12,7 @@ from methods.dd import DD, VARDDConfig
 from methods.dd_pairs import map_noise
 from methods.dd_student import VARDDStudent
 from methods.onestep import OneStep, VAROneStepConfig
-from methods.token_flow import FlowConfig
+from methods.dd_token_flow import FlowConfig
 from teachers.families import multiscale_vq
 from tests.fakes import make_config, tiny_var_teacher
 from tests.test_dd import counted

@@ -15,7 +15,7 @@ import torch
 
 from core.cache import Cache
 from core.registry import METHODS, METRICS
-from methods.base import OwnSampler
+from methods.base import TeacherSampler
 from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher,
                          tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher,
                          tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
@@ -78,7 +78,7 @@ def test_method_samples_on_the_device(name, tmp_path):
             assert _on_device(cond)
             method = cls(teacher, config)
             method.fit(cache=Cache(tmp_path))
-            arms = {"method": method, "ref": OwnSampler(teacher, cls.sampling_of(config)),
+            arms = {"method": method, "ref": TeacherSampler(teacher, cls.sampling_of(config)),
                     **method.extra_arms(cache=Cache(tmp_path), device=DEVICE)}
             for arm in arms.values():
                 out = arm.sample(cond, generator=torch.Generator(DEVICE).manual_seed(1))

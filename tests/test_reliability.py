@@ -28,7 +28,7 @@ from core.errors import UserError
 from core.registry import METHODS
 from bench.suite import load_suite
 from core.trial import Trial
-from methods.own import AR
+from methods.teacher_samplers import ARSampler
 from sweeps.spec import load_spec
 
 
@@ -223,7 +223,7 @@ def test_the_same_trial_and_seed_give_identical_samples_and_metrics(tiny_recipe,
 
 # ---- resource limits ----------------------------------------------------------------------------------------------
 
-class Hoarder(AR):
+class Hoarder(ARSampler):
     """AR that also allocates 16 MB per call and never frees it: a trial whose memory grows without bound."""
 
     hoard: list = []
@@ -233,7 +233,7 @@ class Hoarder(AR):
         return super().sample(cond, generator=generator)
 
 
-class Watched(AR):
+class Watched(ARSampler):
     """AR that records, at every call, how many of its earlier outputs are still alive somewhere."""
 
     outputs: list = []
@@ -258,7 +258,7 @@ class BudgetClock:
         return self.now
 
 
-class Stalled(AR):
+class Stalled(ARSampler):
     """AR whose every call takes 1 s on the budget's clock (`clock`, set by the test), then waits until the watchdog
     has judged that time: however slow the machine, a 1.5 s budget stops the trial in the second call."""
 

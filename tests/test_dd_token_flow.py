@@ -7,7 +7,7 @@ import torch
 from core.cache import Cache
 from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
-from methods.token_flow import FlowConfig, flow_map, velocity
+from methods.dd_token_flow import FlowConfig, flow_map, velocity
 from teachers.families import ar_token
 
 V, C, N_NOISE = 32, 8, 20_000

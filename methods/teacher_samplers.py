@@ -4,15 +4,16 @@ VAR's next-scale sampler (one pass per scale, DD's VAR baseline), `mar` (MAR's m
 teacher's own), `ddim` (DiT's DDIM, eta = 0: at K steps ARD's quality target, at S steps its "same steps, no
 distillation" baseline, arXiv:2504.11295) and `mdlm` (MDLM's ancestral sampler, SDTT's, arXiv:2410.21035).
 
-Every trial already runs its teacher's own sampler as the reference arm; as a method it runs at other settings than
-a trial's reference (e.g. `ddim` at 4 steps against the 25-step reference)."""
+Every trial already runs its teacher's own sampler as the reference arm (`methods.base.TeacherSampler`, the base of
+these classes); as a method it runs at other settings than a trial's reference (e.g. `ddim` at 4 steps against the
+25-step reference)."""
 from __future__ import annotations
 
-from methods.base import OwnSampler
+from methods.base import TeacherSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
 
 
-class AR(OwnSampler):
+class ARSampler(TeacherSampler):
     """The teacher's own autoregressive sampler: one forward pass per token (greedy with `greedy=true`), or per
     scale."""
 
@@ -20,7 +21,7 @@ class AR(OwnSampler):
     key_knobs = ("greedy",)
 
 
-class MAR(OwnSampler):
+class MARSampler(TeacherSampler):
     """MAR's own sampler (the target alone): `num_iter` steps in a random order, each one encoder-decoder pass over
     the known tokens and one head chain per token predicted (CSpD's reference on the masked family)."""
 
@@ -29,7 +30,7 @@ class MAR(OwnSampler):
     key_knobs = ("num_iter",)
 
 
-class DDIM(OwnSampler):
+class DDIMSampler(TeacherSampler):
     """The DiT teacher's DDIM sampler with `steps` steps and CFG `cfg` (one batched forward pass per step)."""
 
     families = (ode_diffusion.FAMILY,)
@@ -37,7 +38,7 @@ class DDIM(OwnSampler):
     key_knobs = ("steps",)
 
 
-class MDLM(OwnSampler):
+class MDLMSampler(TeacherSampler):
     """T ancestral steps from all-MASK (one forward pass each), then the noise-removal pass if a token is left."""
 
     families = (masked_diffusion.FAMILY,)
