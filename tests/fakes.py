@@ -12,10 +12,10 @@ import torch
 from teachers.families import ar_token, continuous_ar, masked_ar
 from teachers.pretrained.dit import OfficialDiT
 from teachers.pretrained.emu3 import Emu3Gen
-from teachers.pretrained.llamagen import LlamaGenC2I
+from teachers.pretrained.llamagen import LlamaGenGPTB256
 from teachers.pretrained.mar import MARH
 from teachers.pretrained.mdlm_owt import MDLMOWT, MDLMOWTPrompted
-from teachers.pretrained.var import VARC2I
+from teachers.pretrained.var import VARd16
 
 
 @dataclass
@@ -346,10 +346,11 @@ class TinyOfficialDiT(OfficialDiT):
         return DiTConfig(image_size=8, channels=4, patch=2, n_classes=10, hidden=32, depth=2, heads=4,
                          learn_sigma=True, pos_layout="col-row")
 
+    checkpoint, vae_folder = "DiT-tiny.pt", "vae"
+
     @classmethod
-    def files(cls):
-        folder = _files("tiny-official-dit", _write_official_dit)
-        return folder / "DiT-tiny.pt", folder / "vae"
+    def root(cls):
+        return _files("tiny-official-dit", _write_official_dit)
 
 
 def tiny_official_dit_teacher(device="cpu"):
@@ -367,7 +368,7 @@ def _write_llamagen(folder: Path) -> None:
                folder / "vq_tiny.pt")
 
 
-class TinyLlamaGen(LlamaGenC2I):
+class TinyLlamaGen(LlamaGenGPTB256):
     """The LlamaGen loader on tiny random-weight files, written to disk and read back as the real files would be
     (`tiny-llamagen` in tests/plugins.py)."""
 
@@ -384,10 +385,11 @@ class TinyLlamaGen(LlamaGenC2I):
 
         return VQDecoderConfig(codebook_size=32, embed_dim=8, z_channels=32, ch=32, ch_mult=(1, 1), num_res_blocks=1)
 
+    checkpoint, vq_file = "c2i_tiny.pt", "vq_tiny.pt"
+
     @classmethod
-    def files(cls):
-        folder = _files("tiny-llamagen", _write_llamagen)
-        return folder / "c2i_tiny.pt", folder / "vq_tiny.pt"
+    def root(cls):
+        return _files("tiny-llamagen", _write_llamagen)
 
 
 def tiny_llamagen_teacher(device="cpu"):
@@ -442,9 +444,11 @@ class TinyEmu3(Emu3Gen):
 
     ratio, image_area = "3:2", 384  # Emu3Processor.calculate_generate_size("3:2", 384, 8) = (2, 3)
 
+    folder = "Emu3-tiny"
+
     @classmethod
-    def path(cls):
-        return _files("tiny-emu3", _write_emu3) / "Emu3-tiny"
+    def root(cls):
+        return _files("tiny-emu3", _write_emu3)
 
     @classmethod
     def prompt_path(cls):
@@ -684,10 +688,8 @@ class TinyOfficialMAR(MARH):
         return KL16Config(embed_dim=4, ch=32, ch_mult=(1, 2))
 
     @classmethod
-    def files(cls):
-        folder = _files("tiny-mar-official", _write_mar)
-        return (folder / "mar" / "mar_huge" / "checkpoint-last.pth",
-                folder / "mar" / "mar_base" / "checkpoint-last.pth", folder / "vae" / "kl16.ckpt")
+    def root(cls):
+        return _files("tiny-mar-official", _write_mar)
 
 
 def tiny_official_mar_teacher(device="cpu"):
@@ -695,7 +697,7 @@ def tiny_official_mar_teacher(device="cpu"):
     return TinyOfficialMAR.load("tiny-mar-official", cache=None, device=torch.device(device))
 
 
-class TinyVAR(VARC2I):
+class TinyVAR(VARd16):
     """The VAR loader on tiny random-weight files, written to disk and read back as the real files would be
     (`tiny-var` in tests/plugins.py)."""
 
@@ -712,10 +714,15 @@ class TinyVAR(VARC2I):
 
         return MSVQConfig(vocab_size=64, Cvae=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, patch_nums=(1, 2, 3, 4))
 
+    vae_file = "vae_tiny.pth"
+
     @classmethod
-    def files(cls):
-        folder = _files("tiny-var", _write_var)
-        return folder / "var_tiny.pth", folder / "vae_tiny.pth"
+    def root(cls):
+        return _files("tiny-var", _write_var)
+
+    @classmethod
+    def local_files(cls):
+        return "var_tiny.pth", cls.vae_file
 
 
 def tiny_var_teacher(device="cpu"):

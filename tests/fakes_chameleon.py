@@ -3,11 +3,12 @@ tokens, and the VQGAN parity fixture's files: the Lumina-mGPT and Anole loaders 
 proved without the weights (`tiny-lumina` and `tiny-anole` in tests/plugins.py)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
 
-from teachers.pretrained.chameleon import NEWLINE, SEPARATOR, START, END, Anole7B, LuminaMGPT768, size_token
+from teachers.pretrained.chameleon import NEWLINE, SEPARATOR, START, END, VQGAN, Anole7B, LuminaMGPT768, size_token
 from tests.fakes import FIXTURES, _files
 
 CHAMELEON_PROMPTS = ("a photo of a cat", "a red bus on a street", "two dogs playing in the snow", "a bowl of fruit")
@@ -24,7 +25,7 @@ def _write_chameleon(folder: Path) -> None:
     """A tiny random Chameleon (hidden 32, 2 layers, 2 heads; its QK norms random, one vector repeated over the heads
     as Lumina-mGPT's per-shard weights are) with a byte-level BPE tokenizer holding the special tokens and the image
     tokens, in `Chameleon-tiny`; the same weights with the QK norms stored (1, head_dim), as Lumina-mGPT's files
-    hold them, in `Lumina-tiny`; and a prompt file."""
+    hold them, in `Lumina-tiny`; a prompt file; and the VQGAN parity fixture's files in `chameleon/tokenizer/`."""
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration, PreTrainedTokenizerFast
@@ -58,6 +59,9 @@ def _write_chameleon(folder: Path) -> None:
         save_file({k: v[:1].contiguous() if "_norm." in k and v.dim() == 2 else v for k, v in state.items()}, shard,
                   metadata={"format": "pt"})
     (folder / "prompts.txt").write_text("\n".join(CHAMELEON_PROMPTS) + "\n")
+    for name in VQGAN:  # the VQGAN parity fixture's decoder where Lumina-mGPT's README puts Chameleon's
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / "chameleon_vqgan" / Path(name).name, folder / name)
 
 
 def _tiny(cls: type, folder_name: str, side: int) -> type:
@@ -66,13 +70,11 @@ def _tiny(cls: type, folder_name: str, side: int) -> type:
                    f"32-code decoder: {side} x {side} image tokens, {2 * side} x {2 * side} px images.")
         image_size = 16 * side  # the structure counts 16 px per token; the tiny VQGAN upsamples 2x
 
-        @classmethod
-        def path(cls):
-            return _files("tiny-chameleon", _write_chameleon) / folder_name
+        folder = folder_name
 
         @classmethod
-        def vqgan_files(cls):
-            return FIXTURES / "chameleon_vqgan" / "vqgan.ckpt", FIXTURES / "chameleon_vqgan" / "vqgan.yaml"
+        def root(cls):
+            return _files("tiny-chameleon", _write_chameleon)
 
         @classmethod
         def prompt_path(cls):

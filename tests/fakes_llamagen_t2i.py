@@ -56,10 +56,11 @@ class TinyLlamaGenT2I(LlamaGenT2I):
 
     vq_config = TinyLlamaGen.vq_config
 
+    checkpoint, vq_file = "t2i_tiny.pt", "vq_tiny.pt"
+
     @classmethod
-    def files(cls):
-        folder = _files("tiny-llamagen-t2i", _write_llamagen_t2i)
-        return folder / "t2i_tiny.pt", folder / "vq_tiny.pt", folder / T5_FOLDER
+    def root(cls):
+        return _files("tiny-llamagen-t2i", _write_llamagen_t2i)
 
     @classmethod
     def prompt_path(cls):

@@ -52,12 +52,13 @@ def llamagen_copy(tmp_path):
     """A copy of the tiny LlamaGen files, and the tiny teacher reading that copy."""
     from tests.fakes import TinyLlamaGen
 
-    gpt, vq = (shutil.copy(p, tmp_path / p.name) for p in TinyLlamaGen.files())
+    for path in TinyLlamaGen.files():
+        shutil.copy(path, tmp_path / path.name)
 
     class Copy(TinyLlamaGen):
         @classmethod
-        def files(cls):
-            return Path(gpt), Path(vq)
+        def root(cls):
+            return tmp_path
 
     return Copy
 
@@ -100,12 +101,12 @@ def test_a_damaged_checkpoint_stops_the_cli_before_any_run(llamagen_copy, tmp_pa
 def emu3_copy(tmp_path):
     from tests.fakes import TinyEmu3
 
-    folder = Path(shutil.copytree(TinyEmu3.path(), tmp_path / "Emu3-tiny"))
+    shutil.copytree(TinyEmu3.path(), tmp_path / TinyEmu3.folder)
 
     class Copy(TinyEmu3):
         @classmethod
-        def path(cls):
-            return folder
+        def root(cls):
+            return tmp_path
 
     return Copy
 
@@ -149,15 +150,16 @@ def test_a_bad_safetensors_shard_is_one_line_naming_it(tmp_path, how):
 def test_a_folder_of_another_library_class_is_refused(tmp_path):
     from tests.fakes import TinyOfficialDiT
 
-    ckpt, vae = TinyOfficialDiT.files()
-    folder = Path(shutil.copytree(vae, tmp_path / "vae"))
+    root = TinyOfficialDiT.root()
+    shutil.copy(root / TinyOfficialDiT.checkpoint, tmp_path)
+    folder = Path(shutil.copytree(root / TinyOfficialDiT.vae_folder, tmp_path / TinyOfficialDiT.vae_folder))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "_class_name": "UNet2DModel"}))
 
     class Copy(TinyOfficialDiT):
         @classmethod
-        def files(cls):
-            return ckpt, folder
+        def root(cls):
+            return tmp_path
 
     with pytest.raises(UserError) as exc:
         Copy.load("copy", cache=None, device=torch.device("cpu"))

@@ -149,7 +149,9 @@ def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/t2i_XL_stage2_512.pt:" in err and "--checkpoints" in err
+    assert "\n" not in err and "--checkpoints" in err and "google/flan-t5-xl" in err
+    assert f"missing {tmp_path}/t2i_XL_stage2_512.pt and {tmp_path}/vq_ds16_t2i.pt and " in err  # every file missing
+    assert f" and {tmp_path}/flan-t5-xl/model.safetensors:" in err
     (tmp_path / "flan-t5-xl").mkdir()
     for name in ("t2i_XL_stage2_512.pt", "vq_ds16_t2i.pt", "config.json", "tokenizer_config.json"):
         (tmp_path / ("flan-t5-xl/" if name.endswith(".json") else "") / name).touch()

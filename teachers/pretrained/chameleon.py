@@ -48,9 +48,9 @@ from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.errors import UserError
-from teachers.data.prompts import missing_prompts, read_prompts
+from teachers.data.prompts import read_prompts
 from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
 from core.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
@@ -144,28 +144,16 @@ class LuminaMGPT768(PromptedImageTeacher):
 
     # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def vqgan_files(cls) -> tuple[Path, Path]:
-        return tuple(checkpoint_dir() / name for name in VQGAN)
+    def local_files(cls) -> tuple[str, ...]:
+        return (*super().local_files(), *VQGAN)
 
     @classmethod
-    def files(cls) -> tuple[Path, ...]:
-        return (*(cls.path() / name for name in cls.required), *cls.vqgan_files(), cls.prompt_path())
+    def hint(cls) -> str:
+        return f"{super().hint()} and Chameleon's image tokenizer (Meta's release: {', '.join(VQGAN)})"
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        if reason := cls.missing_folder():
-            return reason
-        vq = [p for p in cls.vqgan_files() if not p.is_file()]
-        if vq:
-            return (f"missing {vq[0]}: place Chameleon's image tokenizer (Meta's release: vqgan.ckpt, vqgan.yaml) in "
-                    f"{vq[0].parent}, or name the folder that holds chameleon/ with --checkpoints or {CHECKPOINTS_ENV}")
-        return missing_prompts(cls.prompt_path())
-
-    @classmethod
-    def key(cls) -> str:
-        return config_key("chameleon-t2i", cls.__name__, cls.folder_keys(),
-                          [file_key(p) for p in cls.vqgan_files()], file_key(cls.prompt_path()), cls.image_size,
-                          VERSION)
+    def key_parts(cls) -> tuple:
+        return "chameleon-t2i", cls.__name__, cls.image_size, VERSION
 
     @classmethod
     def evaluation_data(cls) -> tuple[str, dict]:
@@ -174,12 +162,10 @@ class LuminaMGPT768(PromptedImageTeacher):
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "LuminaMGPT768":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         from transformers import AutoTokenizer
 
-        ckpt, yaml_file = cls.vqgan_files()
+        ckpt, yaml_file = (cls.root() / name for name in VQGAN)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         try:
             with torch.device("meta"):

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig, sincos_2d
 from core.checkpoints import from_folder, mismatch, read_config, read_state_dict
+from teachers.pretrained.local import LocalFilesTeacher
 
 # DiT-XL/2 (models.py `DiT_XL_2`): depth 28, width 1152, 16 heads, patch 2, on the 4-channel latents of the
 # Stable Diffusion VAE (image_size / 8 cells a side), 1000 ImageNet classes (id 1000 is the null class).
@@ -96,7 +96,7 @@ VAE_SCALE = 0.18215  # DiT hard-codes the SD latent scale
 VERSION = 1  # bump when a change alters what the same files give
 
 
-class OfficialDiT:
+class OfficialDiT(LocalFilesTeacher):
     """DiT-XL/2 at 256 px, facebookresearch/DiT's DiT-XL-2-256x256.pt on SD-VAE latents; 1000 ImageNet classes.
 
     Classifier-free guidance as the official `forward_with_cfg` does it: on the first 3 of the 4 latent channels of
@@ -106,6 +106,8 @@ class OfficialDiT:
     family: ClassVar = ode_diffusion.FAMILY
     modality: ClassVar[str] = "image"
     image_size: ClassVar[int] = 256  # pixels; the network sees image_size / 8 latent cells a side
+    checkpoint: ClassVar[str] = CHECKPOINTS[256]
+    vae_folder: ClassVar[str] = VAE_FOLDER
     cfg_channels: ClassVar[int] = 3  # eps channels guided (the official code's "for exact reproducibility")
     # FID (fid@inception) against ADM's ImageNet 256 reference batch statistics, as DiT's paper reports it
     reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
@@ -121,35 +123,24 @@ class OfficialDiT:
         return xl2_config(cls.image_size)
 
     @classmethod
-    def files(cls) -> tuple[Path, Path]:
-        """(the DiT checkpoint, the VAE folder) this teacher reads."""
-        root = checkpoint_dir()
-        return root / CHECKPOINTS[cls.image_size], root / VAE_FOLDER
+    def local_files(cls) -> tuple[str, ...]:
+        return cls.checkpoint, f"{cls.vae_folder}/config.json"
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        ckpt, vae = cls.files()
-        missing = [str(p) for p in (ckpt, vae / "config.json") if not p.is_file()]
-        if missing:
-            return (f"missing {' and '.join(missing)}: place {ckpt.name} (facebookresearch/DiT download.py) and the "
-                    f"{VAE_FOLDER} folder (stabilityai/{VAE_FOLDER}) in {ckpt.parent}, or name their folder with "
-                    f"--checkpoints or {CHECKPOINTS_ENV}")
-        return None
+    def hint(cls) -> str:
+        return (f"{cls.checkpoint} (facebookresearch/DiT download.py) and the {cls.vae_folder} folder "
+                f"(stabilityai/{VAE_FOLDER})")
 
     @classmethod
-    def key(cls) -> str:
-        ckpt, vae = cls.files()
-        ids = [file_key(p) for p in (ckpt, vae / "config.json")]
-        return config_key("official-dit", dataclasses.asdict(cls.config()), ids, cls.cfg_channels, VERSION)
+    def key_parts(cls) -> tuple:
+        return "official-dit", dataclasses.asdict(cls.config()), cls.cfg_channels, VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "OfficialDiT":
         from diffusers import AutoencoderKL
 
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
-        ckpt, vae_dir = cls.files()
+        cls.require_files()
+        ckpt, vae_dir = cls.root() / cls.checkpoint, cls.root() / cls.vae_folder
         with torch.device("meta"):  # no random init of 675 M weights the file replaces
             network = DiT(cls.config())
         # raw as released, or the EMA weights of a training checkpoint
@@ -187,4 +178,5 @@ class OfficialDiT512(OfficialDiT):
     """DiT-XL/2 at 512 px, facebookresearch/DiT's DiT-XL-2-512x512.pt on SD-VAE latents; otherwise as dit-xl-2-256."""
 
     image_size: ClassVar[int] = 512
+    checkpoint: ClassVar[str] = CHECKPOINTS[512]
     reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet512.npz", "adm-in512")

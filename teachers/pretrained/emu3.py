@@ -26,15 +26,13 @@ The forced positions have one allowed token, so SJD accepts their drafts or repl
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from core.cache import Cache, config_key, file_key
-from core.errors import UserError
+from core.cache import Cache
 from core.training import library_bars
-from teachers.data.prompts import missing_prompts, read_prompts
+from teachers.data.prompts import read_prompts
 from core.checkpoints import from_folder, read_config
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
@@ -95,30 +93,13 @@ class Emu3Gen(PromptedImageTeacher):
                              image_area=self.image_area)
         return enc["input_ids"][0]
 
-    # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def files(cls) -> tuple[Path, ...]:
-        return (*(cls.path() / name for name in cls.required), cls.prompt_path())
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        return cls.missing_folder() or missing_prompts(cls.prompt_path())
-
-    @classmethod
-    def key(cls) -> str:
-        return config_key("emu3-gen", cls.folder_keys(), file_key(cls.prompt_path()), cls.ratio,
-                          cls.image_area, POSITIVE_SUFFIX, NEGATIVE_PROMPT, VERSION)
-
-    @classmethod
-    def evaluation_data(cls) -> tuple[str, dict]:
-        name, data = super().evaluation_data()
-        return name, {**data, "ratio": cls.ratio, "image_area": cls.image_area}
+    def key_parts(cls) -> tuple:
+        return "emu3-gen", cls.ratio, cls.image_area, POSITIVE_SUFFIX, NEGATIVE_PROMPT, VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "Emu3Gen":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         from transformers import Emu3ForConditionalGeneration, Emu3Processor
 
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -18,11 +18,12 @@ from typing import ClassVar
 import torch
 
 from core import files
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache, checkpoint_dir
 from core.training import library_bars
 from teachers.data import webtext
 from core.checkpoints import from_folder
 from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
+from teachers.pretrained.local import LocalFilesTeacher
 
 PREFIX = "hf:"
 MAX_NEW_TOKENS = 1024  # SDTT's sequence length
@@ -36,26 +37,14 @@ def is_folder_name(name: str) -> bool:
 def folder(name: str) -> Path:
     """`hf:<folder>` -> the folder: a path, or a name inside the checkpoints folder."""
     path = Path(name[len(PREFIX) :]).expanduser()
-    return path if path.is_absolute() or path.exists() else checkpoint_dir() / path
-
-
-def required(name: str) -> tuple[Path, ...]:
-    return tuple(folder(name) / needed for needed in ("config.json", "tokenizer_config.json"))
-
-
-def unavailable(name: str) -> str | None:
-    for path in required(name):
-        if not path.is_file():
-            return (f"missing {path}: {name} is a Hugging Face causal LM folder (save_pretrained's files); "
-                    f"place it in {checkpoint_dir()}, name its parent with --checkpoints or {CHECKPOINTS_ENV}, or "
-                    f"give a path after {PREFIX!r}")
-    return None
+    return path.absolute() if path.is_absolute() or path.exists() else checkpoint_dir() / path
 
 
 def check(name: str) -> None:
     """Refuse, in one line, a folder without the files `save_pretrained` writes (listed in a dry run)."""
-    reason = unavailable(name)
-    for path in required(name):
+    cls = teacher_class(name)
+    reason = cls.unavailable()
+    for path in cls.files():
         files.require(path, reason or "")
 
 
@@ -65,7 +54,7 @@ def teacher_class(name: str) -> type:
     return type("HFFolderLM", (HFFolderLM,), {"folder_name": name, "__doc__": HFFolderLM.__doc__})
 
 
-class HFFolderLM(HFCausalLMTeacher):
+class HFFolderLM(LocalFilesTeacher, HFCausalLMTeacher):
     """A Hugging Face causal LM from a local folder, unconditional from its BOS (min(1024, context - 1) tokens)."""
 
     folder_name: ClassVar[str]
@@ -76,18 +65,26 @@ class HFFolderLM(HFCausalLMTeacher):
         return folder(self.folder_name).name
 
     @classmethod
-    def files(cls) -> tuple[Path, ...]:
-        return required(cls.folder_name)
-
-    @classmethod
-    def unavailable(cls) -> str | None:
-        return unavailable(cls.folder_name)
-
-    @classmethod
-    def key(cls) -> str:
+    def local_files(cls) -> tuple[str, ...]:
+        """The folder's configuration and tokenizer, by its absolute path where it is not in the checkpoints
+        folder."""
         path = folder(cls.folder_name)
-        files = sorted(path.iterdir()) if path.is_dir() else [path]
-        return config_key("hf-causal-lm", [file_key(p) for p in files], MAX_NEW_TOKENS, VERSION)
+        return tuple(str(path / needed) for needed in ("config.json", "tokenizer_config.json"))
+
+    @classmethod
+    def hint(cls) -> str:
+        return (f"the Hugging Face causal LM folder {folder(cls.folder_name).name} (save_pretrained's files; or give "
+                f"its path after {PREFIX!r})")
+
+    @classmethod
+    def key_parts(cls) -> tuple:
+        return "hf-causal-lm", MAX_NEW_TOKENS, VERSION
+
+    @classmethod
+    def key_files(cls) -> tuple[Path, ...]:
+        """Every file of the folder: its weights are in any of the formats `save_pretrained` writes."""
+        path = folder(cls.folder_name)
+        return tuple(sorted(path.iterdir())) if path.is_dir() else (path,)
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "HFFolderLM":

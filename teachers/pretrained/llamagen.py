@@ -16,18 +16,18 @@ the paper's tables use cfg 2.0 (B, L), 1.75 (XL, XXL), 1.65 (3B): set them with 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.vq16 import VQ16Decoder, VQDecoderConfig, load_decoder_state
 from core.checkpoints import mismatch, read_state_dict
+from teachers.pretrained.local import LocalFilesTeacher
 
 VQ_FILE = "vq_ds16_c2i.pt"
 GPT_WRAPPERS = ("model", "module", "state_dict")  # the official sampler's fallback order
@@ -35,15 +35,16 @@ DROPPED = ("freqs_cis",)
 VERSION = 1  # bump when a change alters what the same files give
 
 
-class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
-    """LlamaGen GPT-B at 256 px (c2i_B_256.pt, 16 x 16 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+class LlamaGenC2I(LocalFilesTeacher, ar_token.GuidedNetworkTeacher):
+    """A LlamaGen class-to-image GPT and the VQ-16 decoder; 1000 ImageNet classes. A subclass names the size."""
 
     family: ClassVar = ar_token.FAMILY
     modality: ClassVar[str] = "image"
     supports_cfg: ClassVar[bool] = True  # trained with class dropout 0.1
-    size: ClassVar[str] = "GPT-B"
-    image_size: ClassVar[int] = 256
-    checkpoint: ClassVar[str] = "c2i_B_256.pt"
+    size: ClassVar[str]  # "GPT-B" ... "GPT-3B"
+    image_size: ClassVar[int]  # pixels: 16 px a token
+    checkpoint: ClassVar[str]  # the GPT's file, by LlamaGen's README
+    vq_file: ClassVar[str] = VQ_FILE
     # FID (fid@inception) against ADM's ImageNet 256 statistics. LlamaGen scores its 384 px models after resizing the
     # images to 256; our Inception resizes every image straight to 299 (a protocol difference, named here).
     reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
@@ -64,31 +65,21 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
         return VQDecoderConfig()
 
     @classmethod
-    def files(cls) -> tuple[Path, Path]:
-        """(the GPT checkpoint, the VQ tokenizer) this teacher reads."""
-        root = checkpoint_dir()
-        return root / cls.checkpoint, root / VQ_FILE
+    def local_files(cls) -> tuple[str, ...]:
+        """The GPT checkpoint, then the VQ tokenizer."""
+        return cls.checkpoint, cls.vq_file
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        gpt, vq = cls.files()
-        missing = [str(p) for p in (gpt, vq) if not p.is_file()]
-        if missing:
-            return (f"missing {' and '.join(missing)}: place {gpt.name} and {vq.name} (FoundationVision/LlamaGen, "
-                    f"README) in {gpt.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
-        return None
+    def hint(cls) -> str:
+        return f"{cls.checkpoint} and {cls.vq_file} (FoundationVision/LlamaGen, README)"
 
     @classmethod
-    def key(cls) -> str:
-        ids = [file_key(p) for p in cls.files()]
-        return config_key("llamagen-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), ids,
-                          VERSION)
+    def key_parts(cls) -> tuple:
+        return "llamagen-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "LlamaGenC2I":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         network, vq = cls.read_networks(name)
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
@@ -128,16 +119,22 @@ class LlamaGenC2I(ar_token.GuidedNetworkTeacher):
         return [names[c] for c in cond[:, 0].tolist()]
 
 
+class LlamaGenGPTB256(LlamaGenC2I):
+    """LlamaGen GPT-B at 256 px (c2i_B_256.pt, 16 x 16 tokens), VQ-16 decoder; 1000 ImageNet classes."""
+
+    size, image_size, checkpoint = "GPT-B", 256, "c2i_B_256.pt"
+
+
 class LlamaGenB384(LlamaGenC2I):
     """LlamaGen GPT-B at 384 px (c2i_B_384.pt, 24 x 24 tokens), VQ-16 decoder; 1000 ImageNet classes."""
 
-    image_size, checkpoint = 384, "c2i_B_384.pt"
+    size, image_size, checkpoint = "GPT-B", 384, "c2i_B_384.pt"
 
 
 class LlamaGenL256(LlamaGenC2I):
     """LlamaGen GPT-L at 256 px (c2i_L_256.pt, 16 x 16 tokens), VQ-16 decoder; 1000 ImageNet classes."""
 
-    size, checkpoint = "GPT-L", "c2i_L_256.pt"
+    size, image_size, checkpoint = "GPT-L", 256, "c2i_L_256.pt"
 
 
 class LlamaGenL384(LlamaGenC2I):

@@ -36,16 +36,15 @@ import dataclasses
 import html
 import re
 import urllib.parse
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.checkpoints import from_folder, read_config
 from core.errors import UserError
 from core.training import library_bars
-from teachers.data.prompts import missing_prompts, read_prompts
+from teachers.data.prompts import read_prompts
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
 from teachers.networks.vq16 import VQ16Decoder
@@ -93,7 +92,9 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
 
     reference_statistics: ClassVar[None] = None  # not ImageNet's: FID against `reference_images` (COCO val2017/)
     size: ClassVar[str] = "GPT-XL"
+    image_size: ClassVar[int] = 256
     checkpoint: ClassVar[str] = "t2i_XL_stage1_256.pt"
+    vq_file: ClassVar[str] = VQ_FILE
 
     def __init__(self, name: str, gpt: LlamaGenGPT, vq: VQ16Decoder, t5, tokenizer, prompts: list[str], info: dict):
         self.name, self.info = name, info
@@ -109,39 +110,30 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
 
     # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def files(cls) -> tuple[Path, Path, Path]:
-        """(the GPT checkpoint, the VQ tokenizer, the T5 folder) this teacher reads."""
-        root = checkpoint_dir()
-        return root / cls.checkpoint, root / VQ_FILE, root / T5_FOLDER
+    def local_files(cls) -> tuple[str, ...]:
+        """The GPT checkpoint, the VQ tokenizer, then the T5 folder's files."""
+        return cls.checkpoint, cls.vq_file, *(f"{T5_FOLDER}/{name}" for name in T5_REQUIRED)
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        gpt, vq, t5 = cls.files()
-        missing = [p for p in (gpt, vq, *(t5 / n for n in T5_REQUIRED)) if not p.is_file()]
-        if not missing and not any(t5.glob("*.safetensors")):
-            missing.append(t5 / "model.safetensors")
-        if missing:
-            return (f"missing {missing[0]}: place {gpt.name}, {vq.name} (FoundationVision/LlamaGen, README) and the "
-                    f"transformers folder {t5.name} (google/flan-t5-xl) in {gpt.parent}, or name their folder with "
-                    f"--checkpoints or {CHECKPOINTS_ENV}")
-        return missing_prompts(cls.prompt_path())
+    def weight_folders(cls) -> tuple[str, ...]:
+        return (T5_FOLDER,)
 
     @classmethod
-    def key(cls) -> str:
-        gpt, vq, t5 = cls.files()
-        t5_files = sorted(t5.iterdir()) if t5.is_dir() else [t5]
-        return config_key("llamagen-t2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()),
-                          [file_key(p) for p in (gpt, vq, *t5_files, cls.prompt_path())], VERSION)
+    def hint(cls) -> str:
+        return (f"{cls.checkpoint}, {cls.vq_file} (FoundationVision/LlamaGen, README) and the transformers folder "
+                f"{T5_FOLDER} (google/flan-t5-xl)")
+
+    @classmethod
+    def key_parts(cls) -> tuple:
+        return "llamagen-t2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "LlamaGenT2I":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         from transformers import AutoTokenizer, T5EncoderModel
 
         gpt, vq = cls.read_networks(name)
-        t5_dir = cls.files()[2]
+        t5_dir = cls.root() / T5_FOLDER
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         read_config(t5_dir, model_type="t5")
         with library_bars():

@@ -21,13 +21,14 @@ from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import masked_ar
 from teachers.networks.kl16 import KL16Config, KL16Decoder, load_decoder_state
 from teachers.networks.mar import MAR, MARConfig, official_to_ours
 from core.checkpoints import mismatch, read_state_dict
+from teachers.pretrained.local import LocalFilesTeacher
 
 VERSION = 1  # bump when a change alters what the same files give
 SIZES = {"mar_base": dict(encoder_width=768, encoder_depth=12, encoder_heads=12),
@@ -35,7 +36,7 @@ SIZES = {"mar_base": dict(encoder_width=768, encoder_depth=12, encoder_heads=12)
          "mar_huge": dict(encoder_width=1280, encoder_depth=20, encoder_heads=16)}  # models/mar.py
 
 
-class MARH:
+class MARH(LocalFilesTeacher):
     """MAR-H (942 M) verifying MAR-B (208 M) at 256 px: 256 KL-16 tokens of 16 dims; 1000 ImageNet classes."""
 
     family: ClassVar = masked_ar.FAMILY
@@ -75,30 +76,23 @@ class MARH:
         return network
 
     @classmethod
-    def files(cls) -> tuple[Path, Path, Path]:
-        root = checkpoint_dir()
-        return (root / "mar" / cls.target_model / "checkpoint-last.pth",
-                root / "mar" / cls.draft_model / "checkpoint-last.pth", root / "vae" / "kl16.ckpt")
+    def local_files(cls) -> tuple[str, ...]:
+        """The target's checkpoint, the draft's, then the KL-16 VAE: MAR's `pretrained_models/` layout."""
+        return (f"mar/{cls.target_model}/checkpoint-last.pth", f"mar/{cls.draft_model}/checkpoint-last.pth",
+                "vae/kl16.ckpt")
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        missing = [str(p) for p in cls.files() if not p.is_file()]
-        if missing:
-            return (f"missing {' and '.join(missing)}: place MAR's pretrained_models folder (LTH14/mar, README: "
-                    f"mar/{cls.target_model}, mar/{cls.draft_model}, vae/kl16.ckpt) as {checkpoint_dir()}, or name "
-                    f"it with --checkpoints or {CHECKPOINTS_ENV}")
-        return None
+    def hint(cls) -> str:
+        return (f"the contents of MAR's pretrained_models folder (LTH14/mar, README: mar/{cls.target_model}, "
+                f"mar/{cls.draft_model}, vae/kl16.ckpt)")
 
     @classmethod
-    def key(cls) -> str:
-        return config_key("mar-c2i", cls.target_model, cls.draft_model, dataclasses.asdict(cls.vae_config()),
-                          [file_key(p) for p in cls.files()], VERSION)
+    def key_parts(cls) -> tuple:
+        return "mar-c2i", cls.target_model, cls.draft_model, dataclasses.asdict(cls.vae_config()), VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "MARH":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         target_file, draft_file, vae_file = cls.files()
         with torch.device("meta"):
             vae = KL16Decoder(cls.vae_config())

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache, config_key, file_key
 from core.errors import UserError
 from core.samples import Texts
 from core.training import library_bars
@@ -33,6 +33,7 @@ from teachers.data import webtext
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
 from core.checkpoints import from_folder, mismatch, read_config, read_safetensors
+from teachers.pretrained.local import LocalFilesTeacher
 
 FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
 PREFIX = "backbone."  # of every key in the release's safetensors
@@ -40,7 +41,7 @@ TRAIN_TOKENS = 1 << 24  # ~16.8 M tokens (16,384 chunks of 1024) of WebText's tr
 VERSION = 1  # bump when a change alters what the same files give
 
 
-class MDLMOWT:
+class MDLMOWT(LocalFilesTeacher):
     """MDLM-OWT (169.6 M parameters): unconditional 1024-token texts, GPT-2 tokenizer, SUBS ancestral sampling."""
 
     family: ClassVar = md.FAMILY
@@ -55,34 +56,28 @@ class MDLMOWT:
 
     # ---- files ------------------------------------------------------------------------------------------------
     @classmethod
-    def root(cls) -> Path:
-        return checkpoint_dir()
+    def local_files(cls) -> tuple[str, ...]:
+        """The release's config.json and model.safetensors, then the GPT-2 folder's tokenizer."""
+        return f"{FOLDER}/config.json", f"{FOLDER}/model.safetensors", f"{TOKENIZER}/tokenizer_config.json"
 
     @classmethod
-    def files(cls) -> tuple[Path, Path, Path]:
-        """(config.json, model.safetensors, the GPT-2 folder)."""
-        return cls.root() / FOLDER / "config.json", cls.root() / FOLDER / "model.safetensors", cls.root() / TOKENIZER
+    def hint(cls) -> str:
+        return f"the Hugging Face folders {FOLDER} (kuleshov-group/mdlm-owt) and {TOKENIZER} (openai-community/gpt2)"
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        config, weights, gpt2 = cls.files()
-        for path in (config, weights, gpt2 / "tokenizer_config.json"):
-            if not path.is_file():
-                return (f"missing {path}: place the Hugging Face folders {FOLDER} (kuleshov-group/mdlm-owt) and "
-                        f"{TOKENIZER} (openai-community/gpt2) in {cls.root()}, or name their parent with "
-                        f"--checkpoints or {CHECKPOINTS_ENV}")
-        return None
+    def key_parts(cls) -> tuple:
+        return "mdlm-owt", VERSION
 
     @classmethod
-    def key(cls) -> str:
-        config, weights, gpt2 = cls.files()
-        return config_key("mdlm-owt", file_key(config), file_key(weights), file_key(gpt2 / "tokenizer.json"),
-                          file_key(gpt2 / "vocab.json"), VERSION)
+    def key_files(cls) -> tuple[Path, ...]:
+        """Its files and the tokenizer's vocabulary, which `tokenizer_config.json` does not hold."""
+        gpt2 = cls.root() / TOKENIZER
+        return (*super().key_files(), gpt2 / "tokenizer.json", gpt2 / "vocab.json")
 
     @classmethod
     def config(cls) -> MDLMDiTConfig:
         """The network of the release's config.json (its own field names)."""
-        path = cls.files()[0]
+        path = cls.root() / FOLDER / "config.json"
         c = read_config(path.parent)
         fields = ("vocab_size", "hidden_dim", "cond_dim", "model_length", "n_blocks", "n_heads")
         if not all(isinstance(c.get(f), int) for f in fields):
@@ -102,10 +97,9 @@ class MDLMOWT:
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "MDLMOWT":
         from transformers import AutoTokenizer
 
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
-        config, weights, gpt2 = cls.files()
+        cls.require_files()
+        config, weights, tokenizer_config = cls.files()
+        gpt2 = tokenizer_config.parent
         state = {k.removeprefix(PREFIX): v for k, v in read_safetensors(weights).items()}
         try:
             network = MDLMDiT.from_state_dict(cls.config(), state)
@@ -178,9 +172,12 @@ class MDLMOWTPrompted(MDLMOWT):
         self.model_length, self.seq_len = self.seq_len, self.length
 
     @classmethod
-    def key(cls) -> str:
-        return config_key(super().key(), cls.protocol, cls.prompt_tokens, cls.length, cls.continuations,
-                          cls.n_prompts, file_key(webtext.path("test", cls.root())))
+    def key_parts(cls) -> tuple:
+        return *super().key_parts(), cls.protocol, cls.prompt_tokens, cls.length, cls.continuations, cls.n_prompts
+
+    @classmethod
+    def key_files(cls) -> tuple[Path, ...]:
+        return *super().key_files(), webtext.path("test", cls.root())
 
     @classmethod
     def evaluation_data(cls) -> tuple[str, dict]:

@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir, file_key
-from teachers.data.prompts import prompt_file
+from teachers.data.prompts import missing_prompts, prompt_file
 from teachers.families import ar_token
+from teachers.pretrained.local import LocalFilesTeacher
 
 ANY_IMAGE_TOKEN = -1  # in a structure: any of the teacher's image tokens may come here
 
@@ -41,7 +41,8 @@ class PromptedState:
 
 class PromptSet:
     """What a text-to-image teacher reads its prompts through: the prompt file, its indices as conditions (`prompts`
-    set by the subclass), their captions for the text-image metrics, and the real images FID compares with."""
+    set by the subclass), their captions for the text-image metrics, and the real images FID compares with. A mixin
+    before a `LocalFilesTeacher`: the prompt file is one of the teacher's files and part of its key."""
 
     # fid@inception against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD
     # paper's Table 1), under the key "fid.inception-v3-tf1.coco2017-val" (`metrics.fid`)
@@ -51,6 +52,16 @@ class PromptSet:
     @classmethod
     def prompt_path(cls) -> Path:
         return prompt_file()
+
+    @classmethod
+    def files(cls) -> tuple[Path, ...]:
+        return (*super().files(), cls.prompt_path())
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """The model's missing files first; then a prompt file that cannot be read (its own line: the prompts have
+        their own option)."""
+        return super().unavailable() or missing_prompts(cls.prompt_path())
 
     @classmethod
     def evaluation_data(cls) -> tuple[str, dict]:
@@ -68,7 +79,7 @@ class PromptSet:
         return [self.prompts[i] for i in cond[:, 0].tolist()]
 
 
-class PromptedImageTeacher(PromptSet):
+class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
     """The AR-token protocol over a causal model, given in `__init__` of a subclass: `model`, `prompts`,
     `prompt_ids` (the token ids of each prompt), `unconditional_prompt` (ids), `pad_id`, `vocab_size`, `seq_len`,
     and `forced` (seq_len + 1,) with the token forced at each output position or `ANY_IMAGE_TOKEN` (position seq_len,
@@ -96,26 +107,19 @@ class PromptedImageTeacher(PromptSet):
 
     @classmethod
     def path(cls) -> Path:
-        return checkpoint_dir() / cls.folder
+        return cls.root() / cls.folder
 
     @classmethod
-    def folder_keys(cls) -> list[str]:
-        """The content key of every file of the model's folder (the path's own key where there is no folder)."""
-        folder = cls.path()
-        return [file_key(p) for p in (sorted(folder.iterdir()) if folder.is_dir() else [folder])]
+    def local_files(cls) -> tuple[str, ...]:
+        return tuple(f"{cls.folder}/{name}" for name in cls.required)
 
     @classmethod
-    def missing_folder(cls) -> str | None:
-        """One line naming the first file of the model's folder that is missing (`required`, a safetensors shard),
-        where to place it and the option; None when all are there."""
-        folder = cls.path()
-        missing = [folder / name for name in cls.required if not (folder / name).is_file()]
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
-            missing.append(folder / "model.safetensors")
-        if not missing:
-            return None
-        return (f"missing {missing[0]}: place the Hugging Face folder {cls.folder} ({cls.hub}) in {folder.parent}, or "
-                f"name its parent folder with --checkpoints or {CHECKPOINTS_ENV}")
+    def weight_folders(cls) -> tuple[str, ...]:
+        return (cls.folder,)
+
+    @classmethod
+    def hint(cls) -> str:
+        return f"the Hugging Face folder {cls.folder} ({cls.hub})"
 
     # ---- the ARTokenTeacher protocol ------------------------------------------------------------------------------
     @torch.inference_mode()

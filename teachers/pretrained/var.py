@@ -11,30 +11,31 @@ the VQ-VAE only the encoder and `quant_conv`, which decoding never reads, are dr
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache
 from core.errors import UserError
 from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
 from teachers.networks.var import VAR, VARConfig
 from core.checkpoints import mismatch, read_state_dict
+from teachers.pretrained.local import LocalFilesTeacher
 
 VAE_FILE = "vae_ch160v4096z32.pth"
 VERSION = 1  # bump when a change alters what the same files give
 
 
-class VARC2I(multiscale_vq.NetworkTeacher):
-    """VAR-d16 (310 M) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+class VARC2I(LocalFilesTeacher, multiscale_vq.NetworkTeacher):
+    """A VAR transformer at 256 px and the multi-scale VQ-VAE; 1000 ImageNet classes. A subclass names the depth."""
 
     family: ClassVar = multiscale_vq.FAMILY
     modality: ClassVar[str] = "image"
     supports_cfg: ClassVar[bool] = True  # trained with class dropout 0.1
-    depth: ClassVar[int] = 16
+    depth: ClassVar[int]  # 16, 20, 24 or 30: the transformer's file is var_d{depth}.pth
+    vae_file: ClassVar[str] = VAE_FILE
     reference_statistics: ClassVar[tuple[str, str]] = ("VIRTUAL_imagenet256_labeled.npz", "adm-in256")
 
     def __init__(self, name: str, network: VAR, vq: MultiScaleVQ, info: dict):
@@ -53,29 +54,21 @@ class VARC2I(multiscale_vq.NetworkTeacher):
         return MSVQConfig()
 
     @classmethod
-    def files(cls) -> tuple[Path, Path]:
-        root = checkpoint_dir()
-        return root / f"var_d{cls.depth}.pth", root / VAE_FILE
+    def local_files(cls) -> tuple[str, ...]:
+        """The transformer, then the VQ-VAE."""
+        return f"var_d{cls.depth}.pth", cls.vae_file
 
     @classmethod
-    def unavailable(cls) -> str | None:
-        var, vae = cls.files()
-        missing = [str(p) for p in (var, vae) if not p.is_file()]
-        if missing:
-            return (f"missing {' and '.join(missing)}: place {var.name} and {vae.name} (FoundationVision/VAR, "
-                    f"README) in {var.parent}, or name their folder with --checkpoints or {CHECKPOINTS_ENV}")
-        return None
+    def hint(cls) -> str:
+        return f"var_d{cls.depth}.pth and {cls.vae_file} (FoundationVision/VAR, README)"
 
     @classmethod
-    def key(cls) -> str:
-        return config_key("var-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()),
-                          [file_key(p) for p in cls.files()], VERSION)
+    def key_parts(cls) -> tuple:
+        return "var-c2i", dataclasses.asdict(cls.config()), dataclasses.asdict(cls.vq_config()), VERSION
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "VARC2I":
-        reason = cls.unavailable()
-        if reason:
-            raise UserError(reason)
+        cls.require_files()
         var_file, vae_file = cls.files()
         with torch.device("meta"):  # no random init of weights the files replace
             vq = MultiScaleVQ(cls.vq_config())
@@ -96,6 +89,12 @@ class VARC2I(multiscale_vq.NetworkTeacher):
     def captions(self, cond: torch.Tensor) -> list[str]:
         names = imagenet_class_names()
         return [names[c] for c in cond[:, 0].tolist()]
+
+
+class VARd16(VARC2I):
+    """VAR-d16 (310 M) at 256 px: 10 scales, 680 tokens of 4096 codes, the multi-scale VQ-VAE; 1000 ImageNet classes."""
+
+    depth = 16
 
 
 class VARd20(VARC2I):

@@ -1,0 +1,88 @@
+"""What every teacher made of local files shares: where its files are, the one line that names the missing ones, and
+its key.
+
+A subclass declares its files by their official names relative to the checkpoints folder (`local_files`), the
+Hugging Face folders among them whose weights are safetensors shards (`weight_folders`), what else determines its
+weights (`key_parts`) and where the files come from (`hint`); `files`, `unavailable` and `key` follow from them, so
+every loader refuses a missing file in the same words and keys its weights by the same rule.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.cache import CHECKPOINTS_ENV, checkpoint_dir, config_key, file_key
+from core.errors import UserError
+
+
+class LocalFilesTeacher:
+    """A mixin over a family's teacher class: the files of a teacher loaded from the checkpoints folder."""
+
+    @classmethod
+    def root(cls) -> Path:
+        """The folder `local_files` are in: the checkpoints folder (a test's fake reads its tiny files elsewhere)."""
+        return checkpoint_dir()
+
+    @classmethod
+    def local_files(cls) -> tuple[str, ...]:
+        """The files the teacher reads, relative to `root()`, each of which must be there."""
+        raise NotImplementedError
+
+    @classmethod
+    def weight_folders(cls) -> tuple[str, ...]:
+        """The Hugging Face folders (relative to `root()`) whose weights are safetensors shards: one must be there,
+        and every file of the folder is part of the key (shards are named by their count, so none can be listed)."""
+        return ()
+
+    @classmethod
+    def hint(cls) -> str:
+        """What to place in the checkpoints folder and where it comes from, for `unavailable`'s line."""
+        raise NotImplementedError
+
+    @classmethod
+    def key_parts(cls) -> tuple[Any, ...]:
+        """What besides the files' identities determines the weights: configurations, settings, the loader's
+        version."""
+        raise NotImplementedError
+
+    @classmethod
+    def files(cls) -> tuple[Path, ...]:
+        """The files the teacher needs (a dry run lists them): `local_files` under `root()`, and those a mixin adds
+        (the prompt file)."""
+        root = cls.root()
+        return tuple(root / name for name in cls.local_files())
+
+    @classmethod
+    def missing(cls) -> list[Path]:
+        """Every one of `local_files` that is not there, then a shard of each weight folder that has none."""
+        root = cls.root()
+        missing = [root / name for name in cls.local_files() if not (root / name).is_file()]
+        folders = [cls.root() / name for name in cls.weight_folders()]
+        return missing + [folder / "model.safetensors" for folder in folders if not any(folder.glob("*.safetensors"))]
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """One line naming every missing file, the folder they belong in and the option; None when all are there."""
+        missing = cls.missing()
+        if not missing:
+            return None
+        return (f"missing {' and '.join(map(str, missing))}: place {cls.hint()} in {cls.root()}, or name the folder "
+                f"that holds them with --checkpoints or {CHECKPOINTS_ENV}")
+
+    @classmethod
+    def require_files(cls) -> None:
+        """Refuse to load, in `unavailable`'s one line, while a file is missing."""
+        if reason := cls.unavailable():
+            raise UserError(reason)
+
+    @classmethod
+    def key_files(cls) -> tuple[Path, ...]:
+        """The files whose identities key the weights: `files()` and every file of the weight folders (the folder's
+        own path where it is not one)."""
+        folders = [cls.root() / name for name in cls.weight_folders()]
+        inside = [p for f in folders for p in (sorted(f.iterdir()) if f.is_dir() else [f])]
+        return (*(p for p in cls.files() if not any(f in p.parents for f in folders)), *inside)
+
+    @classmethod
+    def key(cls) -> str:
+        return config_key(*cls.key_parts(), [file_key(p) for p in cls.key_files()])
