@@ -2,7 +2,7 @@
 
     python benchmarks/scaling.py [--teacher digits-ar-c2i] [--method ar] [--n-samples 512] [--batch-size 8]
 
-Both runs go through the CLI (`python -m torch.distributed.run --nproc-per-node N -m bench.cli run ...`) one after
+Both runs go through the CLI (`python -m torch.distributed.run --nproc-per-node N -m cli run ...`) one after
 the other, into one temporary MLflow store and one cache (the teacher is trained or taken from the zoo before the
 first timed run). Reported per run: the trial's `samples_per_sec` (the ranks' throughputs summed, each rank's from
 its own timed batches: `core.timing.latency_stats`) for the method and the reference arm, and the wall time of the
@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient
 
 def run(ranks: int, args, tmp: Path, store: str) -> tuple[float, object]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m",
-           "bench.cli", "run", "--teacher", args.teacher, "--method", args.method, "--n-samples", str(args.n_samples),
+           "cli", "run", "--teacher", args.teacher, "--method", args.method, "--n-samples", str(args.n_samples),
            "--batch-size", str(args.batch_size), "--threads", "1", "--no-progress", "--tracking-uri", store,
            "--cache-dir", str(tmp / "cache"), "--experiment", f"ranks{ranks}"]
     t0 = time.perf_counter()
@@ -55,7 +55,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         store = f"sqlite:///{tmp}/mlflow.db"
-        subprocess.run([sys.executable, "-m", "bench.cli", "run", "--teacher", args.teacher, "--method", args.method,
+        subprocess.run([sys.executable, "-m", "cli", "run", "--teacher", args.teacher, "--method", args.method,
                         "--n-samples", "1", "--no-progress", "--tracking-uri", store, "--cache-dir",
                         str(tmp / "cache"), "--experiment", "prepare"], check=True, stdout=subprocess.DEVNULL)
         results = {ranks: run(ranks, args, tmp, store) for ranks in (1, 2)}

@@ -31,7 +31,7 @@ def throughput(workers: int, n_trials: int, n_samples: int, tmp: Path) -> tuple[
     path.write_text(yaml.safe_dump(spec))
     storage = f"{tmp}/optuna{workers}.journal"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "bench.cli", "sweep", str(path), "--workers", str(workers),
+    subprocess.run([sys.executable, "-m", "cli", "sweep", str(path), "--workers", str(workers),
                     "--storage", f"journal:{storage}", "--tracking-uri", f"sqlite:///{tmp}/mlflow{workers}.db"],
                    check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0

@@ -53,7 +53,7 @@ def main() -> int:
     port = free_port()
     if args.experiment not in dict(runs_table_urls(args.tracking_uri, "")):
         raise SystemExit(f"no AccelBench experiment {args.experiment!r} in {args.tracking_uri}")
-    ui = subprocess.Popen([sys.executable, "-m", "bench.cli", "ui", "--tracking-uri", args.tracking_uri,
+    ui = subprocess.Popen([sys.executable, "-m", "cli", "ui", "--tracking-uri", args.tracking_uri,
                            "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(f"http://127.0.0.1:{port}/", 180)

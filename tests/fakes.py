@@ -467,7 +467,7 @@ def ar_methods_through_the_cli(teacher: str, tmp_path: Path, sampling: list[str]
     returns the runs and the CLI arguments they shared (a caller adds its own refusals to them)."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     common = ["--teacher", teacher, "--n-samples", str(n_samples), "--batch-size", str(batch_size),

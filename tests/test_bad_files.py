@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import cli
+import cli
 from core.errors import UserError
 from core.registry import TEACHERS
 

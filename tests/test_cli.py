@@ -3,7 +3,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from bench import cli
+import cli
 from core.registry import METHODS
 from methods.teacher_samplers import ARSampler
 from teachers.families import masked_diffusion

@@ -109,7 +109,7 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     work."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from core.rng import seeded
     from tests.fakes import tiny_var_teacher
 
@@ -232,7 +232,7 @@ def test_dd_with_a_released_llamagen_student_from_the_cli(plugin, tmp_path):
     and pre-trained-2-3 (the teacher between the student's steps)."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from core.rng import seeded
     from tests.fakes import tiny_llamagen_teacher
 

@@ -16,7 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from core import precision
-from bench.cli import main
+from cli import main
 from core.errors import UserError
 from core.spool import SPOOL_DIR, Batch, claim, resumable
 from core.timing import latency_stats
@@ -57,7 +57,7 @@ def _env(**extra) -> dict[str, str]:
 def _cli(*args, nproc: int = 1) -> list[str]:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
                 if nproc > 1 else [sys.executable])
-    return [*launcher, "-m", "bench.cli", *args]
+    return [*launcher, "-m", "cli", *args]
 
 
 def _trial_runs(uri: str, experiment: str) -> dict[str, object]:
@@ -185,8 +185,8 @@ def test_a_trial_run_twice_at_once_samples_into_a_private_spool(tmp_path, capsys
 
 
 def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
-    from bench.cli import build_parser, options
-    from bench.cli.trials import _trial_from_args
+    from cli import build_parser, options
+    from cli.trials import _trial_from_args
     from bench.suite import load_suite
 
     parser = build_parser()

@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from bench.cli import main
+from cli import main
 from bench.dryrun import costs
 
 ROOT = Path(__file__).resolve().parent.parent

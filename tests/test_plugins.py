@@ -82,7 +82,7 @@ def test_a_plugin_method_and_teacher_run_through_the_cli(tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=tmp_path, env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=300)
 
     listed = cli("list")

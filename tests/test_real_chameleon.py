@@ -191,7 +191,7 @@ def test_the_chameleon_loaders_run_ar_jacobi_and_sjd_from_the_cli(teacher, plugi
 
 
 def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):
-    from bench import cli
+    import cli
 
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "lumina-mgpt-7b-768", "--method", "sjd", "--checkpoints", str(tmp_path),

@@ -97,7 +97,7 @@ def test_the_official_dit_loader_runs_every_method_of_its_family_from_the_cli(pl
     method of the ODE-diffusion family by the CLI into MLflow (samples decoded by the VAE), then into a report."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from core.registry import METHODS
     from teachers.families import ode_diffusion
 
@@ -127,7 +127,7 @@ def test_ard_refuses_its_gan_fine_tune_without_real_images():
 
 
 def test_missing_files_are_one_line_naming_them_the_option_and_the_source(tmp_path, capsys):
-    from bench import cli
+    import cli
 
     folder = tmp_path / "ckpts"
     assert cli.main(["list", "--checkpoints", str(folder)]) == 0
@@ -180,7 +180,7 @@ def test_fid_against_reference_statistics_equals_fid_against_the_features_they_s
 
 
 def test_image_metrics_on_a_real_checkpoint_teacher_are_checked_before_any_work(tmp_path, capsys):
-    from bench import cli
+    import cli
 
     def run(metric):
         assert cli.main(["run", "--teacher", "dit-xl-2-256", "--method", "ddim", "--metric", metric, "--checkpoints",

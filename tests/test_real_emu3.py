@@ -130,7 +130,7 @@ def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected():
 def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-emu3` (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow, then a report; the
     methods that read a codebook are refused in one line, and so are metrics that need real images."""
-    from bench import cli
+    import cli
 
     runs, common = ar_methods_through_the_cli("tiny-emu3", tmp_path, [f"cfg={CFG}", f"top_k={TOP_K}"])
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 11 for r in runs)
@@ -150,7 +150,7 @@ def test_dd_on_emu3_is_refused_in_one_line(teacher):
 
 
 def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
-    from bench import cli
+    import cli
 
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "emu3-gen", "--method", "sjd", "--checkpoints", str(tmp_path),

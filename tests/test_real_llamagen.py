@@ -114,7 +114,7 @@ def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(
     decoder), through every image method of the AR-token family by the CLI into MLflow, then into a report."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from core.registry import METHODS
     from teachers.families import ar_token
 
@@ -137,7 +137,7 @@ def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(
 
 
 def test_missing_llamagen_files_are_one_line(tmp_path, capsys):
-    from bench import cli
+    import cli
 
     args = ["run", "--teacher", "llamagen-xl-384", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]

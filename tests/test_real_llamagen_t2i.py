@@ -142,7 +142,7 @@ def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
 
 
 def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
-    from bench import cli
+    import cli
 
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "llamagen-t2i-xl-512", "--method", "sjd", "--checkpoints", str(tmp_path),

@@ -181,7 +181,7 @@ def test_the_mar_loader_runs_mar_and_cspd_from_the_cli(plugin, tmp_path, capsys)
     its three modes into MLflow and a report; the missing files of `mar-h` are one line."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["run", "--teacher", "tiny-mar-official", "--method", "mar", "--n-samples", "2", "--batch-size", "2",

@@ -60,7 +60,7 @@ def test_a_file_without_the_rotary_buffer_loads(fixture):
 
 
 def test_missing_mdlm_owt_files_are_one_line(tmp_path, capsys):
-    from bench import cli
+    import cli
 
     args = ["run", "--teacher", "mdlm-owt", "--method", "mdlm", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
@@ -80,7 +80,7 @@ def test_the_sdtt_papers_setting_runs_from_the_cli_on_tiny_files_in_the_official
     `sjd`, with gen-PPL and MAUVE under GPT-2, into MLflow and a report."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from tests.fakes import write_sdtt_checkpoints
 
     ckpt = tmp_path / "checkpoints"
@@ -141,7 +141,7 @@ def test_sdtts_prompted_protocol_in_paints_the_prompts_and_scores_per_prompt(tmp
 def test_the_prompted_protocol_runs_from_the_cli(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from tests.fakes import write_sdtt_checkpoints
 
     ckpt = tmp_path / "checkpoints"

@@ -86,7 +86,7 @@ def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
     `onestep*` into MLflow and a report; the missing files of `var-d30` are one line."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["run", "--teacher", "tiny-var", "--method", "ar", "--n-samples", "4", "--batch-size", "2", "--tracking-uri",

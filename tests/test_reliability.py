@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 import core.budget
 from core.budget import BudgetExceeded, budget
 from core.cache import decode
-from bench.cli import main
+from cli import main
 from core.errors import UserError
 from core.registry import METHODS
 from bench.suite import load_suite
@@ -94,7 +94,7 @@ def test_fuzzed_params_on_the_cli_fail_with_one_clean_line(plugin, tmp_path, cap
 
 def _start(tmp_path, *args):
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "bench.cli", "run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
+    cmd = [sys.executable, "-m", "cli", "run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
            "--warmup", "0", "--no-progress", *args]
     return store, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -5,7 +5,7 @@ import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from bench.cli import main
+from cli import main
 from reports.plots import pareto_front, quality_points
 from reports.tables import TrialRun
 

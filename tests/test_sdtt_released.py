@@ -163,7 +163,7 @@ def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     the round-1 kld student in the released draw, into MLflow and a report; a missing student stops at plan time."""
     from mlflow.tracking import MlflowClient
 
-    from bench import cli
+    import cli
     from tests.fakes import write_sdtt_checkpoints, write_sdtt_student
 
     ckpt = tmp_path / "checkpoints"
@@ -204,7 +204,7 @@ def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
 
 
 def test_list_names_the_student_knob(capsys):
-    from bench import cli
+    import cli
 
     assert cli.main(["list"]) == 0
     assert "released SDTT student (`student=<folder>`)" in capsys.readouterr().out

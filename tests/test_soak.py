@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from bench.cli import main
+from cli import main
 from bench.tracking import Tracker
 from sweeps.spec import load_spec
 from sweeps.study import StorageOptions, make_storage, open_study
@@ -23,7 +23,7 @@ SPACING = N_TRIALS // (KILLS + 1)  # at most this many complete trials between k
 
 
 def _worker(tmp_path, spec, storage, mlflow):
-    argv = [sys.executable, "-m", "bench.cli", "worker", spec, "--storage", storage, "--tracking-uri", mlflow,
+    argv = [sys.executable, "-m", "cli", "worker", spec, "--storage", storage, "--tracking-uri", mlflow,
             "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--heartbeat", "1", "--grace", "3"]
     return subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

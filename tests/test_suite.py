@@ -2,7 +2,7 @@
 import yaml
 from mlflow.tracking import MlflowClient
 
-from bench.cli import main
+from cli import main
 
 SUITE = {
     "experiment": "mini",

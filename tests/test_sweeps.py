@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from bench.cli import main
+from cli import main
 from core.errors import UserError
 from sweeps.spec import load_spec
 
@@ -108,7 +108,7 @@ def test_multi_objective_spec_yields_a_pareto_front(tmp_path, capsys):
 
 
 def _run_workers(tmp_path, spec, storage, n, mlflow):
-    argv = [sys.executable, "-m", "bench.cli", "worker", spec, "--storage", storage, "--tracking-uri", mlflow,
+    argv = [sys.executable, "-m", "cli", "worker", spec, "--storage", storage, "--tracking-uri", mlflow,
             "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--heartbeat", "1", "--grace", "3"]
     return [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(n)]
 

@@ -12,7 +12,7 @@ import sys
 import traceback
 
 from core.cache import CHECKPOINTS_ENV
-from bench.cli import store, sweeps, trials, zoo
+from cli import store, sweeps, trials, zoo
 from core.errors import UserError
 
 

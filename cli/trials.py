@@ -5,7 +5,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.cli import options
+from cli import options
 from core.errors import UserError
 from core.names import LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE
 

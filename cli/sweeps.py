@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.cli import options
+from cli import options
 from core.errors import UserError
 
 
@@ -21,7 +21,7 @@ def _context(args, workers: int):
 
 
 def _worker_argv(args, storage_url: str) -> list[str]:
-    argv = [sys.executable, "-m", "bench.cli", "worker", args.spec, "--storage", storage_url,
+    argv = [sys.executable, "-m", "cli", "worker", args.spec, "--storage", storage_url,
             "--heartbeat", str(args.heartbeat), "--grace", str(args.grace), *options.execution_argv(args)]
     if args.n_trials is not None:
         argv += ["--n-trials", str(args.n_trials)]

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from bench.cli import options
+from cli import options
 
 
 def cmd_report(args) -> int:
