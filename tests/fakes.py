@@ -461,6 +461,16 @@ def tiny_emu3_teacher(device="cpu"):
 
 
 
+def refused_by_the_cli(capture, *args: str) -> str:
+    """The CLI's exit code 2 and its one line on stderr (`capture`: pytest's capsys or capfd)."""
+    import cli
+
+    assert cli.main(list(args)) == 2
+    err = capture.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("accelbench: error: ") and "Traceback" not in err, err
+    return err
+
+
 def ar_methods_through_the_cli(teacher: str, tmp_path: Path, sampling: list[str], *, n_samples: int = 2,
                                batch_size: int = 1, init: str = "repeat-above") -> tuple[list, list[str]]:
     """`ar`, `jacobi` and `sjd` (window 4) on `teacher` by the CLI into a fresh MLflow store, then a report of them:

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import cli
 from core.errors import UserError
 from core.registry import TEACHERS
+from tests.fakes import refused_by_the_cli
 
 
 def damage(path: Path, how: str) -> Path:
@@ -31,14 +31,6 @@ def one_line(exc: pytest.ExceptionInfo, path: Path) -> str:
     message = str(exc.value)
     assert "\n" not in message and str(path) in message and "Traceback" not in message, message
     return message
-
-
-def refused_by_the_cli(capture, *args: str) -> str:
-    """The CLI's exit code 2 and its one line on stderr (`capture`: pytest's capsys or capfd)."""
-    assert cli.main(list(args)) == 2
-    err = capture.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("accelbench: error: ") and "Traceback" not in err, err
-    return err
 
 
 class _Object:

@@ -12,7 +12,7 @@ from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.chameleon import END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, size_token
-from tests.fakes import ar_methods_through_the_cli
+from tests.fakes import refused_by_the_cli, ar_methods_through_the_cli
 from tests.fakes_chameleon import CHAMELEON_PROMPTS, TinyAnole, TinyLumina, TinyLuminaHF, tiny_chameleon_teacher
 from tests.test_real_emu3 import support_law
 from tests.test_sjd import chi_square_p
@@ -196,16 +196,14 @@ def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "lumina-mgpt-7b-768", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/Lumina-mGPT-7B-768/config.json" in err and "--checkpoints" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/Lumina-mGPT-7B-768/config.json" in err and "--checkpoints" in err
     folder = tmp_path / "Lumina-mGPT-7B-768"
     folder.mkdir()
     for name in ("config.json", "tokenizer_config.json", "model.safetensors"):
         (folder / name).touch()
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/chameleon/tokenizer/vqgan.ckpt" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/chameleon/tokenizer/vqgan.ckpt" in err
     monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
     assert cli.main(["list"]) == 0
     listing = capsys.readouterr().out

@@ -8,7 +8,7 @@ from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, structure
-from tests.fakes import EMU3_PROMPTS, ar_methods_through_the_cli, tiny_emu3_teacher
+from tests.fakes import refused_by_the_cli, EMU3_PROMPTS, ar_methods_through_the_cli, tiny_emu3_teacher
 from tests.test_sjd import chi_square_p
 
 CFG, TOP_K = 3.0, 5
@@ -150,20 +150,16 @@ def test_dd_on_emu3_is_refused_in_one_line(teacher):
 
 
 def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
-    import cli
-
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "emu3-gen", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/Emu3-Gen-hf/config.json" in err and "--checkpoints" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/Emu3-Gen-hf/config.json" in err and "--checkpoints" in err
     (tmp_path / "Emu3-Gen-hf").mkdir()
     for name in ("config.json", "tokenizer_config.json", "processor_config.json", "model.safetensors"):
         (tmp_path / "Emu3-Gen-hf" / name).touch()
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/captions_val2017.json" in err and "ACCELBENCH_PROMPTS" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/captions_val2017.json" in err and "ACCELBENCH_PROMPTS" in err
 
 
 def test_prompt_files_in_each_format(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
-from tests.fakes import ar_methods_through_the_cli
+from tests.fakes import refused_by_the_cli, ar_methods_through_the_cli
 from tests.fakes_llamagen_t2i import TinyLlamaGenT2I, TinyLlamaGenT2I4, tiny_llamagen_t2i_teacher
 from tests.test_real_emu3 import support_law
 from tests.test_sjd import chi_square_p
@@ -142,26 +142,21 @@ def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
 
 
 def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
-    import cli
-
     monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "llamagen-t2i-xl-512", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "--checkpoints" in err and "google/flan-t5-xl" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert "--checkpoints" in err and "google/flan-t5-xl" in err
     assert f"missing {tmp_path}/t2i_XL_stage2_512.pt and {tmp_path}/vq_ds16_t2i.pt and " in err  # every file missing
     assert f" and {tmp_path}/flan-t5-xl/model.safetensors:" in err
     (tmp_path / "flan-t5-xl").mkdir()
     for name in ("t2i_XL_stage2_512.pt", "vq_ds16_t2i.pt", "config.json", "tokenizer_config.json"):
         (tmp_path / ("flan-t5-xl/" if name.endswith(".json") else "") / name).touch()
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/flan-t5-xl/model.safetensors:" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/flan-t5-xl/model.safetensors:" in err
     (tmp_path / "flan-t5-xl" / "model.safetensors").touch()
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and f"missing {tmp_path}/captions_val2017.json" in err
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/captions_val2017.json" in err
     assert not (tmp_path / "mlflow.db").exists()
 
 
