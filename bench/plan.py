@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,8 +17,9 @@ from core import files
 from core.config import build_config, config_dict, knobs
 from core.envinfo import resolve_device
 from core.errors import UserError
-from core.registry import METHODS, METRICS, TEACHERS
+from core.registry import METHODS, METRICS
 from core.trial import Trial
+from teachers import teacher_class
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,12 @@ class MetricPlan:
     unavailable: str | None  # why it cannot be computed here (the run is tagged instead); None when it can
 
     @classmethod
-    def parse(cls, spec: str) -> "MetricPlan":
+    def parse(cls, spec: str, checkpoints: Path) -> "MetricPlan":
         name, at, extractor = spec.partition("@")
         metric_cls = METRICS.get(name)
         if at and not extractor:
             raise UserError(f"metric {spec!r}: name an extractor after '@' or drop the '@'")
-        return cls(spec, metric_cls, extractor or None, metric_cls.check(extractor or None))
+        return cls(spec, metric_cls, extractor or None, metric_cls.check(extractor or None, checkpoints))
 
 
 
@@ -49,6 +51,7 @@ class Plan:
     config: Any
     metrics: list[MetricPlan]
     device: torch.device
+    checkpoints: Path  # the folder of the user's files (`--checkpoints`), where everything the trial reads is found
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`core.paper`), if any
     needs: tuple[files.Needed, ...] = ()  # the files it reads from the user, listed when planned in a dry run
 
@@ -76,34 +79,38 @@ def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
 RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference", "warmup", "threads"})
 
 
-def plan(trial: Trial, *, paper: dict[str, Any] | None = None) -> Plan:
+def plan(trial: Trial, *, checkpoints: Path, paper: dict[str, Any] | None = None) -> Plan:
     """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
     (inside `core.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
     paper's numbers for this trial, already checked (`core.paper.check_paper`)."""
     if not files.auditing():
-        return _plan(trial, paper)
+        return _plan(trial, checkpoints, paper)
     with files.audit() as needed:
-        p = _plan(trial, paper)
+        p = _plan(trial, checkpoints, paper)
     return dataclasses.replace(p, needs=tuple(needed))
 
 
-def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
-    teacher_cls = TEACHERS.get(trial.teacher)
+def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None) -> Plan:
+    teacher_cls = teacher_class(trial.teacher, checkpoints)
     method_cls = METHODS.get(trial.method)
-    metrics = [MetricPlan.parse(m) for m in trial.metrics]
+    metrics = [MetricPlan.parse(m, checkpoints) for m in trial.metrics]
     check_family(trial.method, method_cls, trial.teacher, teacher_cls)
     for m in metrics:
         if m.cls.modality != teacher_cls.modality:
             valid = sorted(name for name, cls in METRICS.items() if cls.modality == teacher_cls.modality)
             raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
                             f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
-        m.cls.check_teacher(trial.teacher, teacher_cls, m.extractor)
+        m.cls.check_teacher(trial.teacher, teacher_cls, m.extractor, checkpoints)
     owner = f"method {trial.method!r}"
     config_cls = method_cls.config_class(teacher_cls.family)
     clash = sorted(set(knobs(config_cls)) & RUN_FIELDS)
     if clash:  # a programming error in the method: its knob would overwrite a run's field in MLflow
         raise TypeError(f"{config_cls.__name__}: knob {clash[0]!r} is named like a trial field; rename it")
     config = build_config(config_cls, trial.params, owner=owner)
+    try:
+        config = method_cls.with_files(config, checkpoints)
+    except ValueError as exc:
+        raise UserError(f"{owner}: {exc}") from None
     if teacher_cls.family.check is not None:
         try:
             teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
@@ -117,10 +124,10 @@ def _plan(trial: Trial, paper: dict[str, Any] | None) -> Plan:
             files.require(path, "")
     elif missing := getattr(teacher_cls, "unavailable", lambda: None)():
         raise UserError(f"teacher {trial.teacher!r}: {missing}")
-    for path, missing in method_cls.required_files(config).items():
+    for path, missing in method_cls.required_files(config, checkpoints).items():
         files.require(path, missing)
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
-    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, dict(paper or {}))
+    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, checkpoints, dict(paper or {}))
 
 
 

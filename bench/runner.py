@@ -210,7 +210,7 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
             training_reports(tracker.log_training):
         if not world.main:
             world.barrier()  # until rank 0 has the teacher (and, unless every rank fits, the method's training) cached
-        teacher = load_teacher(t.teacher, cache=cache, device=device)
+        teacher = load_teacher(t.teacher, cache=cache, device=device, checkpoints=p.checkpoints)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
         # on 1, the tiny samplers no faster.
@@ -236,7 +236,7 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
             if world.main and together:
                 world.barrier()  # the teacher is cached: the other ranks load it and join the fit (DDP)
             with threads(training_threads):
-                fit_info = method.fit(cache=cache)
+                fit_info = method.fit(cache=cache, checkpoints=p.checkpoints)
             if world.main and not together:
                 world.barrier()  # the other ranks may load and fit now: from the cache
             with precision.tf32(device, t.tf32):
@@ -279,7 +279,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict
     p, t, teacher, method, device = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method, ctx.device
     world = distributed.world()
     arms = {"method": method, "ref": TeacherSampler(teacher, p.sampling),
-            **method.extra_arms(cache=ctx.cache, device=device)}
+            **method.extra_arms(cache=ctx.cache, device=device, checkpoints=p.checkpoints)}
     conds = teacher.conditions(t.n_samples, torch.Generator(device).manual_seed(t.seed)).to(device)
     spooled = _spooled(spool, t, list(arms)) if world.main else 0
     world.barrier()  # counted before any rank draws
@@ -290,7 +290,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict
     metrics = {f"fit/{k}": v for k, v in ctx.fit_info.items()}
     if t.compile:  # the warm-up calls compile; the timed batches do not include it
         metrics.update({("" if name == "method" else f"{name}/") + "compile_seconds": v for name, v in warmup.items()})
-    scorers = [m.cls(teacher, cache=ctx.cache, device=device, extractor=m.extractor)
+    scorers = [m.cls(teacher, cache=ctx.cache, device=device, checkpoints=p.checkpoints, extractor=m.extractor)
                for m in p.metrics if m.unavailable is None]
     artifacts, hashes = {}, {}
     for name, r in results.items():

@@ -6,6 +6,7 @@ plan into its run's tags, never into the trial key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -41,7 +42,7 @@ def _overridden(entry: dict[str, Any], overrides: dict[str, Any], used: set[str]
     return {**entry, "params": {**entry.get("params", {}), **mine}} if mine else entry
 
 
-def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, Any] | None = None,
+def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, overrides: dict[str, Any] | None = None,
                numerics: dict[str, Any] | None = None) -> Suite:
     """Parse and validate every trial of the file before anything runs. `n_samples` replaces every trial's sample
     count, `overrides` sets knobs in every trial whose method has them (a quick pass over a paper suite, e.g. with
@@ -70,7 +71,7 @@ def load_suite(path: str, *, n_samples: int | None = None, overrides: dict[str, 
                 merged["n_samples"] = n_samples
             merged.update(numerics or {})
             try:
-                plans.append(plan(Trial.from_mapping(merged), paper=paper))
+                plans.append(plan(Trial.from_mapping(merged), checkpoints=checkpoints, paper=paper))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
     if unused := sorted(set(overrides or {}) - used):

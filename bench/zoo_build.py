@@ -53,10 +53,10 @@ def distinct(plans: tuple[Plan, ...]) -> list[Plan]:
 
 def prepare(p: Plan, cache: Cache) -> None:
     """What the runner builds for a trial before sampling: the teacher, the fitted method, its extra arms."""
-    teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device)
+    teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, checkpoints=p.checkpoints)
     method = p.method_cls(teacher, p.config)
-    method.fit(cache=cache)
-    method.extra_arms(cache=cache, device=p.device)
+    method.fit(cache=cache, checkpoints=p.checkpoints)
+    method.extra_arms(cache=cache, device=p.device, checkpoints=p.checkpoints)
 
 
 class _Recording(Cache):
@@ -88,8 +88,9 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
 def describe(kind: str, key: str) -> str:
     """What an entry is: the registered teacher whose recipe key it is, or its kind."""
     if kind == "teachers":
+        # the zoo holds trained recipes: a teacher of local files (`at`) is never one
         names = [n for n, cls in TEACHERS.items()
-                 if not getattr(cls, "unavailable", lambda: None)() and cls.key() == key]
+                 if not hasattr(cls, "at") and not getattr(cls, "unavailable", lambda: None)() and cls.key() == key]
         return f"teacher {', '.join(names)}" if names else "teacher (no registered recipe has this key)"
     return {"dd-students": "DD student", "dd-pairs": "DD pair tokens (Alg. 1)", "ard-students": "ARD student",
             "sdtt-ema": "SDTT student (EMA weights of its last round)"}.get(kind, kind)

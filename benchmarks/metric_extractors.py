@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -37,10 +38,10 @@ def _teacher(dataset: str) -> SimpleNamespace:
                            captions=lambda cond: [captions[int(c)] for c in cond.view(-1)])
 
 
-def bench(dataset: str, spec: str, n: int, cache: Cache) -> dict:
+def bench(dataset: str, spec: str, n: int, cache: Cache, checkpoints: Path) -> dict:
     name, _, extractor = spec.partition("@")
     cls = METRICS.get(name)
-    reason = cls.check(extractor or None)
+    reason = cls.check(extractor or None, checkpoints)
     if reason:
         return {"metric": spec, "dataset": dataset, "skipped": reason}
     teacher = _teacher(dataset)
@@ -48,10 +49,12 @@ def bench(dataset: str, spec: str, n: int, cache: Cache) -> dict:
     idx = torch.randperm(len(train.labels), generator=torch.Generator().manual_seed(0))[:n]
     images, labels = train.images[idx], train.labels[idx]
     cpu = torch.device("cpu")
-    metric, build = _timed(lambda: cls(teacher, cache=cache, device=cpu, extractor=extractor or None))
+    metric, build = _timed(lambda: cls(teacher, cache=cache, device=cpu, checkpoints=checkpoints,
+                                           extractor=extractor or None))
     # Image metrics compute their reference lazily (KID, P/R) or in __init__ (FID); touch it either way.
     _, reference = _timed(lambda: getattr(metric, "reference", None))
-    _, cached = _timed(lambda: cls(teacher, cache=cache, device=cpu, extractor=extractor or None))
+    _, cached = _timed(lambda: cls(teacher, cache=cache, device=cpu, checkpoints=checkpoints,
+                                           extractor=extractor or None))
 
     def score():
         metric.reset()
@@ -70,6 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--datasets", nargs="+", default=list(SIZES))
     ap.add_argument("--metrics", nargs="+", default=["fid", "kid", "precision", "fid@inception", "clip"])
+    ap.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="folder of the metrics' files")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +81,7 @@ def main() -> None:
         for dataset in args.datasets:
             for spec in args.metrics:
                 try:
-                    r = bench(dataset, spec, args.n, cache)
+                    r = bench(dataset, spec, args.n, cache, args.checkpoints)
                 except UserError as exc:
                     r = {"metric": spec, "dataset": dataset, "skipped": str(exc)}
                 if "skipped" in r:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from collections import Counter
 
 import torch
@@ -55,7 +56,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     device = torch.device("cpu")
-    teacher = load_teacher("digits-ar-t2i", cache=Cache(), device=device)
+    teacher = load_teacher("digits-ar-t2i", cache=Cache(), device=device,
+                           checkpoints=Path("checkpoints"))  # a tiny teacher: it reads no files
     config = SJDConfig(window=args.window)
     sjd, ar = SJD(teacher, config), TeacherSampler(teacher, config.sampling)
     conds = teacher.conditions(args.n_samples, torch.Generator().manual_seed(args.seed))

@@ -11,7 +11,6 @@ import signal
 import sys
 import traceback
 
-from core.cache import CHECKPOINTS_ENV
 from cli import store, sweeps, trials, zoo
 from core.errors import UserError
 
@@ -43,9 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub; fail at once instead of retrying
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _terminate)
-    checkpoints_before = os.environ.get(CHECKPOINTS_ENV)
-    if getattr(args, "checkpoints", None):  # read where the teachers look, worker processes included
-        os.environ[CHECKPOINTS_ENV] = str(args.checkpoints)
     try:
         return args.func(args)
     except UserError as exc:
@@ -61,7 +57,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if checkpoints_before is None:
-            os.environ.pop(CHECKPOINTS_ENV, None)
-        else:
-            os.environ[CHECKPOINTS_ENV] = checkpoints_before

@@ -3,6 +3,8 @@ run (threads, warm-up, progress bars, budgets), and the trial fields of `run` an
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from core.errors import UserError
 
@@ -37,8 +39,13 @@ def report_dir(args, experiment: str):
 
 
 def checkpoints(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--checkpoints", metavar="DIR", help="folder of the real checkpoints' files, by their official "
-                                                          "names (default $ACCELBENCH_CHECKPOINTS or ./checkpoints)")
+    """`--checkpoints`: the one place the folder's default is read; every command hands the folder down from here."""
+    from core.cache import CHECKPOINTS_ENV
+
+    sp.add_argument("--checkpoints", metavar="DIR", type=lambda s: Path(s).expanduser(),
+                    default=Path(os.environ.get(CHECKPOINTS_ENV) or "checkpoints").expanduser(),
+                    help="folder of the real checkpoints' files, by their official names (default "
+                         f"${CHECKPOINTS_ENV} or ./checkpoints)")
 
 
 def dry_run(sp: argparse.ArgumentParser) -> None:
@@ -68,7 +75,7 @@ def execution_argv(args) -> list[str]:
     argv = ["--threads", str(args.threads), "--warmup", str(args.warmup), "--time-budget", str(args.time_budget),
             "--memory-budget", str(args.memory_budget)]
     for flag, value in (("--tracking-uri", args.tracking_uri), ("--cache-dir", args.cache_dir),
-                        ("--checkpoints", args.checkpoints)):
+                        ("--checkpoints", args.checkpoints.absolute())):
         if value is not None:
             argv += [flag, str(value)]
     return argv + (["--no-progress"] if args.no_progress else [])

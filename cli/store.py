@@ -31,12 +31,14 @@ def cmd_doctor(args) -> int:
 def cmd_list(args) -> int:
     from core.config import config_dict, knobs
     from core.registry import METHODS, METRICS, TEACHERS
+    from teachers import teacher_class
 
     def doc(obj) -> str:
         return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
 
     print("teachers:")
-    for name, cls in TEACHERS.items():
+    for name in TEACHERS.names():
+        cls = teacher_class(name, args.checkpoints)
         missing = getattr(cls, "unavailable", lambda: None)()
         note = f" (unavailable: {missing})" if missing else ""
         print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}{note}")

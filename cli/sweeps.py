@@ -13,7 +13,7 @@ def _context(args, workers: int):
     from sweeps.spec import load_spec
     from sweeps.study import StorageOptions, default_storage
 
-    spec = load_spec(args.spec, n_trials=args.n_trials)
+    spec = load_spec(args.spec, checkpoints=args.checkpoints, n_trials=args.n_trials)
     storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
     opts = options.run_options(args)
     tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)

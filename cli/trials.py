@@ -30,15 +30,14 @@ def _store_line(uri: str, args, experiment: str) -> str:
             + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
 
 
-def _dry_run(title: str, load, warmup: int) -> int:
+def _dry_run(title: str, load, warmup: int, checkpoints: Path) -> int:
     """Plan with the files listed instead of refused, print the plan (`bench.dryrun`), touch nothing else."""
     from bench import dryrun
     from core import files
-    from core.cache import checkpoint_dir
 
     with files.audit():
         plans = load()
-    print(dryrun.report(title, checkpoint_dir(), [(p, list(p.needs)) for p in plans], warmup))
+    print(dryrun.report(title, checkpoints, [(p, list(p.needs)) for p in plans], warmup))
     return 0
 
 
@@ -49,8 +48,10 @@ def cmd_run(args) -> int:
     from bench.tracking import NullTracker, Tracker, tracking_uri
 
     if args.dry_run:
-        return _dry_run("dry run of one trial", lambda: [plan(_trial_from_args(args))], args.warmup)
-    p = plan(_trial_from_args(args))  # validate everything before touching the store or building anything
+        return _dry_run("dry run of one trial", lambda: [plan(_trial_from_args(args), checkpoints=args.checkpoints)],
+                        args.warmup, args.checkpoints)
+    # validate everything before touching the store or building anything
+    p = plan(_trial_from_args(args), checkpoints=args.checkpoints)
     opts = options.run_options(args)
     world = distributed.init(p.trial.device)
     for m in p.metrics:
@@ -99,11 +100,11 @@ def cmd_suite(args) -> int:
     overrides = options.parse_params(args.param)
     if args.dry_run:
         def load():
-            return load_suite(args.file, n_samples=args.n_samples, overrides=overrides,
+            return load_suite(args.file, checkpoints=args.checkpoints, n_samples=args.n_samples, overrides=overrides,
                               numerics=options.numerics(args)).plans
 
-        return _dry_run(f"dry run of suite {args.file}", load, args.warmup)
-    suite = load_suite(args.file, n_samples=args.n_samples, overrides=overrides,
+        return _dry_run(f"dry run of suite {args.file}", load, args.warmup, args.checkpoints)
+    suite = load_suite(args.file, checkpoints=args.checkpoints, n_samples=args.n_samples, overrides=overrides,
                        numerics=options.numerics(args))  # planned before anything runs
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
@@ -134,7 +135,7 @@ def cmd_lambada(args) -> int:
                         f"{teacher_cls.modality})")
     method = args.method or teacher_cls.family.sampler  # no method: the teacher itself
     p = plan(Trial(teacher=args.teacher, method=method, params=options.parse_params(args.param), n_samples=args.n,
-                   seed=args.seed, device=args.device))
+                   seed=args.seed, device=args.device), checkpoints=args.checkpoints)
     opts = options.run_options(args)
     uri = tracking_uri(args.tracking_uri)
 

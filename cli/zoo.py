@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cli import options
+
 
 def cmd_zoo_build(args) -> int:
     from core.cache import PROJECT_ZOO
@@ -11,7 +13,7 @@ def cmd_zoo_build(args) -> int:
     from bench.suite import load_suite
     from bench.zoo_build import DEMO_SUITE, build
 
-    suite = load_suite(str(args.suite or DEMO_SUITE))
+    suite = load_suite(str(args.suite or DEMO_SUITE), checkpoints=args.checkpoints)
     out = writable_dir(args.out or PROJECT_ZOO, "zoo folder (--out)")
     cache_dir = writable_dir(args.cache_dir, "cache directory (--cache-dir)") if args.cache_dir else None
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
@@ -31,4 +33,5 @@ def register(sub) -> None:
     b.add_argument("--out", help="zoo folder (default zoo/ of the project)")
     b.add_argument("--cache-dir", help="build in this cache folder and keep it (default: a temporary one)")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    options.checkpoints(b)
     b.set_defaults(func=cmd_zoo_build)

@@ -38,12 +38,9 @@ def config_key(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-CHECKPOINTS_ENV = "ACCELBENCH_CHECKPOINTS"  # the folder of the real checkpoints' files (`--checkpoints`)
-
-
-def checkpoint_dir() -> Path:
-    """Where the registered teachers of real checkpoints look for their files, by their official names."""
-    return Path(os.environ.get(CHECKPOINTS_ENV, "checkpoints")).expanduser()
+# The default of `--checkpoints`, the folder of the real checkpoints' files, read by the CLI alone: every reader of
+# the folder is handed it (`bench.plan.plan`, `teachers.load_teacher`, a metric's and a method's arguments).
+CHECKPOINTS_ENV = "ACCELBENCH_CHECKPOINTS"
 
 
 def file_key(path: Path) -> str:

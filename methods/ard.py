@@ -21,6 +21,8 @@ import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,7 +180,7 @@ class ARD(Method):
         return ARDStudent(self.teacher.network, c.student_steps, c.history_layers, c.mask, c.time_embed,
                           time_labels(c.knots, c.sampling.steps, c.student_steps))
 
-    def fit(self, *, cache: Cache) -> dict[str, float]:
+    def fit(self, *, cache: Cache, checkpoints: Path) -> dict[str, float]:
         """The student, cached; its training trajectories are generated (or loaded) only when it has to be trained.
         The held-out trajectories (seconds to generate) give the coupling error every time."""
         c = self.config

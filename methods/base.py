@@ -81,10 +81,16 @@ class Method:
         return cls.fit is not Method.fit
 
     @classmethod
-    def required_files(cls, config: Any) -> dict[Path, str]:
-        """Files this configuration reads from the user (a released student): path -> the one line that refuses the
-        trial when it is missing (`plan` checks them; a dry run lists them)."""
+    def required_files(cls, config: Any, checkpoints: Path) -> dict[Path, str]:
+        """Files this configuration reads from the user (a released student) in the checkpoints folder: path -> the
+        one line that refuses the trial when it is missing (`plan` checks them; a dry run lists them)."""
         return {}
+
+    @classmethod
+    def with_files(cls, config: Any, checkpoints: Path) -> Any:
+        """The config completed by what the user's files say (a released student's settings), once they are located
+        in `checkpoints`; `plan` calls it after building the config. The config itself by default."""
+        return config
 
     def __init__(self, teacher: Any, config: Any):
         missing = [a for a in self.needs if not hasattr(teacher, a)]
@@ -94,8 +100,9 @@ class Method:
                             f"{name!r} does not have")
         self.teacher, self.config = teacher, config
 
-    def fit(self, *, cache: Cache) -> dict[str, float]:
-        """Train what the method needs (cached by key); returns figures to log. Training-free methods: no-op."""
+    def fit(self, *, cache: Cache, checkpoints: Path) -> dict[str, float]:
+        """Train what the method needs (cached by key), or read it from the user's files in `checkpoints` (a released
+        student); returns figures to log. Training-free methods: no-op."""
         return {}
 
     def caveats(self) -> dict[str, str]:
@@ -103,7 +110,7 @@ class Method:
         run as tags `caveat.<name>` (and listed by the report)."""
         return {}
 
-    def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, "Method"]:
+    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path) -> dict[str, "Method"]:
         """Baselines this method is compared with in the same run besides the teacher's reference arm, by arm name
         (the runner samples them interleaved with the others and logs them under "<name>/")."""
         return {}

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir, keyed
+from core.cache import CHECKPOINTS_ENV, Cache, keyed
 from core.errors import UserError
 from core.rng import seeded
 from core.samples import Samples
@@ -178,10 +178,10 @@ class DD(Method):
         return not config.student
 
     @classmethod
-    def required_files(cls, config: DDConfig) -> dict[Path, str]:
+    def required_files(cls, config: DDConfig, checkpoints: Path) -> dict[Path, str]:
         if not config.student:
             return {}
-        path = checkpoint_dir() / config.student
+        path = checkpoints / config.student
         return {path: f"missing {path}: place a released DD student (Hugging Face microsoft/distilled_decoding: "
                       f"VAR-DD/var-d16.pth ... var-d24.pth, LlamaGen-DD/llamagen-B.pt, llamagen-L.pt) in "
                       f"{path.parent}, or name its folder with --checkpoints or {CHECKPOINTS_ENV}"}
@@ -202,12 +202,12 @@ class DD(Method):
     def _new_student(self, dropout: float = 0.0) -> DDStudent | VARDDStudent:
         return (VARDDStudent if self.var else DDStudent)(self.teacher.network, self.teacher.codebook, dropout)
 
-    def fit(self, *, cache: Cache) -> dict[str, float]:
+    def fit(self, *, cache: Cache, checkpoints: Path) -> dict[str, float]:
         """The student, cached; the pairs are generated (or loaded) only when it has to be trained. A released
-        student is read from its file instead."""
+        student is read from its file in `checkpoints` instead."""
         cfg = self.config
         if cfg.student:
-            self.student = dd_released.load(checkpoint_dir() / cfg.student, self.teacher)
+            self.student = dd_released.load(checkpoints / cfg.student, self.teacher)
             return {"n_params": float(sum(p.numel() for p in self.student.parameters())), "student_released": 1.0}
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,

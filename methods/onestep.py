@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -108,7 +109,7 @@ class FromPairs(Method):
     needs = ("codebook",)  # the pairs flow into the tokenizer's code vectors
     marginals: Marginals | None = None
 
-    def fit(self, *, cache: Cache) -> dict[str, float]:
+    def fit(self, *, cache: Cache, checkpoints: Path) -> dict[str, float]:
         t = self.teacher
         pairs = generate_pairs(t, self.config.sampling, self.config.pairs, cache=cache)
         self.marginals = Marginals.count(pairs.tokens, pairs.cond, t.vocab_size)

@@ -134,9 +134,7 @@ class SDTTConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.distill_steps < 2:
             raise ValueError(f"distill_steps must be >= 2, got {self.distill_steps}")
-        if self.student:
-            self._take_release(released.describe(self.student))
-        elif self.sampling.steps % self.distill_steps ** self.rounds:
+        if not self.student and self.sampling.steps % self.distill_steps ** self.rounds:
             raise ValueError(f"steps={self.sampling.steps} must be divisible by distill_steps^rounds = "
                              f"{self.distill_steps ** self.rounds}")
         if self.student_steps < 0 or self.lr_warmup < 0:
@@ -200,17 +198,27 @@ class SDTT(Method):
         return not config.student
 
     @classmethod
-    def required_files(cls, config: SDTTConfig) -> dict[Path, str]:
-        return released.required_files(config.student) if config.student else {}
+    def required_files(cls, config: SDTTConfig, checkpoints: Path) -> dict[Path, str]:
+        return released.required_files(checkpoints / config.student) if config.student else {}
+
+    @classmethod
+    def with_files(cls, config: SDTTConfig, checkpoints: Path) -> SDTTConfig:
+        """A released student's divergence, m/k and round in place of the knobs' defaults (`_take_release`): read
+        from its folder in `checkpoints`, or told by the folder's name while its files are missing."""
+        if not config.student:
+            return config
+        config = dataclasses.replace(config)
+        config._take_release(released.describe(checkpoints / config.student))
+        return config
 
     # ---- training -------------------------------------------------------------------------------------------
-    def fit(self, *, cache: Cache) -> dict[str, float]:
+    def fit(self, *, cache: Cache, checkpoints: Path) -> dict[str, float]:
         """The last round's EMA weights (what sampling uses) are an entry of their own ("sdtt-ema", a quarter of a
         round's full state, the one the model zoo ships); the rounds' full states are built and cached only when it
         is missing. A released student is loaded, checked against the teacher, and nothing is trained."""
         cfg = self.config
         if cfg.student:
-            self.release = released.read(cfg.student)
+            self.release = released.read(checkpoints / cfg.student)
             self.student = released.load(self.release, self.teacher)
             return {"student_sampling_steps": float(cfg.student_sampling.steps)}
         knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
@@ -293,13 +301,13 @@ class SDTT(Method):
             out["sdtt_released_teacher"] = f"the student was distilled from {self.release.teacher}, not MDLM-OWT"
         return out
 
-    def extra_arms(self, *, cache: Cache, device: torch.device) -> dict[str, Method]:
+    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
         KV cache ("ar") at the same length and batch size, each its own family's sampler."""
         cfg = self.config
         arms = {"same_steps": TeacherSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
-            lm = copy.copy(load_teacher(self.teacher.companion_lm, cache=cache, device=device))
+            lm = copy.copy(load_teacher(self.teacher.companion_lm, cache=cache, device=device, checkpoints=checkpoints))
             # as many new tokens as the MDLM arms generate after their prompts, within the LM's positions (1023 for
             # GPT-2 after its BOS against MDLM-OWT's 1024; 50 after a 50-token prompt in `mdlm-owt-prompted`)
             n = min(lm.seq_len, self.teacher.seq_len - getattr(self.teacher, "prompt_tokens", 0))

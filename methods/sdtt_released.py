@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV
 from core.errors import UserError
 from teachers.families.masked_diffusion import MDLMDiT, MDLMDiTConfig
 from core.checkpoints import mismatch, read_config, read_safetensors, safetensors_errors
@@ -85,21 +85,20 @@ class Release:
                             f"{mismatch(exc)}") from None
 
 
-def required_files(name: str) -> dict[Path, str]:
-    """The student's two files -> the line that refuses a trial without them (naming the file and --checkpoints)."""
-    folder = checkpoint_dir() / name
+def required_files(folder: Path) -> dict[Path, str]:
+    """The two files of the student in `folder` -> the line that refuses a trial without them (naming the file and
+    --checkpoints)."""
     return {path: f"missing {path}: download a revision of jdeschena/sdtt (e.g. baselines_kld_step_70000) into "
                   f"{folder}, or name its parent with --checkpoints or {CHECKPOINTS_ENV}"
             for path in (folder / "config.json", folder / "model.safetensors")}
 
 
-def read(name: str) -> Release:
-    """The student in folder `name` of the checkpoints folder; a missing file or a config that is not a released
-    MDLM-OWT student's is one line."""
-    for path, missing in required_files(name).items():
+def read(folder: Path) -> Release:
+    """The student in `folder` (a folder of the checkpoints folder); a missing file or a config that is not a
+    released MDLM-OWT student's is one line."""
+    for path, missing in required_files(folder).items():
         if not path.is_file():
             raise UserError(missing)
-    folder = checkpoint_dir() / name
     c = read_config(folder)
     p, m = (c.get(k) if isinstance(c.get(k), dict) else {} for k in ("parameterization", "model"))
     shape = ("hidden_size", "cond_dim", "length", "n_blocks", "n_heads")
@@ -115,13 +114,12 @@ def read(name: str) -> Release:
                    p.get("checkpoint_path", MDLM_OWT))
 
 
-def describe(name: str) -> Release:
+def describe(folder: Path) -> Release:
     """`read`, or without the files (a dry run lists them; a real run is refused by `required_files`) what the
     folder's name says: its round, the released configs' m/k = 2 and T_0 = 1024 (configs/parameterization/
     multi-round-sdtt.yaml), no divergence."""
-    folder = checkpoint_dir() / name
-    if all(path.is_file() for path in required_files(name)):
-        return read(name)
+    if all(path.is_file() for path in required_files(folder)):
+        return read(folder)
     return Release(folder, None, 2, 1024, _round(folder.name, 10_000), {})
 
 

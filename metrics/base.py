@@ -10,12 +10,13 @@ so one metric object can score several arms against the same reference.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from core import files
-from core.cache import CHECKPOINTS_ENV, Cache, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV, Cache
 from core.errors import UserError
 from metrics.features import (REFERENCE_BATCH, check_choice, embed, image_files, load_extractor, npz_members,
                               reference_features)
@@ -39,8 +40,9 @@ class Metric:
     extractor: str  # the feature extractor's name; part of every key `compute` returns
 
     @classmethod
-    def check(cls, extractor: str | None) -> str | None:
-        """Validate a requested extractor (the part after "@" in "fid@inception") before any work is done.
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
+        """Validate a requested extractor (the part after "@" in "fid@inception") before any work is done; the files
+        it names are looked up in `checkpoints` (`--checkpoints`).
 
         Raises `UserError` for a choice that can never work (unknown name, a weights file the user asked for that is
         missing). Returns a one-line reason when the metric cannot be computed on this machine but the trial should
@@ -51,7 +53,7 @@ class Metric:
         return None
 
     @classmethod
-    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
+    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None, checkpoints: Path) -> None:
         """Refuse, before any work, a teacher this metric cannot score (`plan` calls it); nothing by default."""
 
     @staticmethod
@@ -60,10 +62,11 @@ class Metric:
         trained extractors (the `cnn` classifier, the small CLIP) the metrics can use; a real checkpoint has none."""
         return hasattr(teacher_cls, "recipe")
 
-    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
+    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, checkpoints: Path,
+                 extractor: str | None = None):
         """`teacher` gives `dataset_name`, `image_size` (and `captions` for text-image metrics); trained extractors
-        and reference statistics are cached in `cache`."""
-        self.teacher, self.cache, self.device = teacher, cache, device
+        and reference statistics are cached in `cache`; the files the user provides are in `checkpoints`."""
+        self.teacher, self.cache, self.device, self.checkpoints = teacher, cache, device, checkpoints
 
     def update(self, images: torch.Tensor, cond: torch.Tensor) -> None:
         """Add generated samples with the conditions they were sampled for: images (B, C, H, W), float in [0, 1], or,
@@ -94,12 +97,12 @@ class ImageFeatureMetric(Metric):
     compares_with: ClassVar[str | None] = "images"
 
     @classmethod
-    def check(cls, extractor: str | None) -> str | None:
-        check_choice(cls.name, extractor, logits=cls.uses_logits)
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
+        check_choice(cls.name, extractor, logits=cls.uses_logits, checkpoints=checkpoints)
         return None
 
     @classmethod
-    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None) -> None:
+    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None, checkpoints: Path) -> None:
         """A teacher of a real checkpoint has no dataset here, only `reference_statistics` (file name, tag) or
         `reference_images` (folder name, tag): its image metrics are @inception, against that file (FID: `mu`,
         `sigma`; KID, precision and recall: the reference batch `arr_0` of ADM's files), FID against the images of
@@ -124,14 +127,14 @@ class ImageFeatureMetric(Metric):
         if cls.compares_with is None:
             return
         if stats is None:
-            path = checkpoint_dir() / folder[0]
+            path = checkpoints / folder[0]
             why = (f"{spec} on teacher {teacher!r} compares with the real images of {folder[0]}/ (reference "
                    f"{folder[1]}); place them in {path}, or name the folder that holds {folder[0]}/ with --checkpoints "
                    f"or {CHECKPOINTS_ENV}")
             if files.require(path, f"missing {path}: {why}") and not image_files(path):
                 raise UserError(f"{path} holds no images: {why}")
             return
-        path = checkpoint_dir() / stats[0]
+        path = checkpoints / stats[0]
         present = files.require(path, f"missing {path}: {spec} on teacher {teacher!r} compares with the reference "
                                       f"statistics {stats[0]} (ADM's evaluation suite, openai/guided-diffusion); place "
                                       f"it there or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
@@ -139,9 +142,11 @@ class ImageFeatureMetric(Metric):
             raise UserError(f"metric {spec} compares with reference images; {path} holds statistics only (no "
                             f"arr_0): fid@inception is the metric it supports")
 
-    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, extractor: str | None = None):
-        super().__init__(teacher, cache=cache, device=device)
-        self.model = load_extractor(extractor, teacher, cache=cache, device=device, logits=self.uses_logits)
+    def __init__(self, teacher: Any, *, cache: Cache, device: torch.device, checkpoints: Path,
+                 extractor: str | None = None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
+        self.model = load_extractor(extractor, teacher, cache=cache, device=device, logits=self.uses_logits,
+                                    checkpoints=checkpoints)
         self.extractor = self.model.name
         named = getattr(teacher, "reference_statistics", None) or getattr(teacher, "reference_images", None)
         if named is not None and self.compares_with is not None:  # the key names the reference: ".adm-in256"
@@ -152,7 +157,8 @@ class ImageFeatureMetric(Metric):
     def reference(self) -> torch.Tensor:
         """Features (n, D) of the real reference split."""
         # Lazy: the inception score has no reference side and should not pay for one.
-        return reference_features(self.model, self.teacher, cache=self.cache, device=self.device)
+        return reference_features(self.model, self.teacher, cache=self.cache, device=self.device,
+                                  checkpoints=self.checkpoints)
 
     def key(self, name: str | None = None) -> str:
         """The metric key "<name>.<extractor>", e.g. "fid.digits-cnn"."""

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from core import files
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV
 from metrics.inception import to_uint8
 from core.checkpoints import from_folder, read_config
 from teachers.pretrained.hf_folder import PREFIX, folder
@@ -40,20 +40,20 @@ REQUIRED = ("config.json", "tokenizer_config.json")  # written by save_pretraine
 
 def key_name(name: str) -> str:
     """`hf:<folder>` -> "hf-<folder's name>", a valid MLflow metric-name part."""
-    return "hf-" + re.sub(r"[^A-Za-z0-9_.-]", "-", folder(name).name)
+    return "hf-" + re.sub(r"[^A-Za-z0-9_.-]", "-", Path(name[len(PREFIX):]).name)
 
 
-def check(name: str) -> Path:
+def check(name: str, checkpoints: Path) -> Path:
     """Refuse, in one line and before any work, a folder without a saved CLIP model and processor; return the folder.
 
     Inside a dry run's audit a missing file is recorded instead (`core.files.require`)."""
-    path = folder(name)
+    path = folder(name, checkpoints)
     present = True
     for needed in REQUIRED:
         file = path / needed
         present &= files.require(file, f"missing {file}: clip@{name} is a Hugging Face CLIP folder (CLIPModel and "
                                        f"CLIPProcessor, save_pretrained's files, e.g. openai/clip-vit-base-patch16 "
-                                       f"as SJD uses); place it in {checkpoint_dir()}, name its parent with "
+                                       f"as SJD uses); place it in {checkpoints}, name its parent with "
                                        f"--checkpoints or {CHECKPOINTS_ENV}, or give a path after {PREFIX!r}")
     if present:
         read_config(path, model_type="clip")
@@ -98,13 +98,13 @@ class HFCLIP:
         return sjd_preprocess(images)
 
 
-def load(name: str, *, device: torch.device) -> HFCLIP:
+def load(name: str, *, device: torch.device, checkpoints: Path) -> HFCLIP:
     """The CLIP of the folder `hf:<folder>`, in float32, read with `local_files_only=True` (nothing is downloaded)."""
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPProcessor
 
     from core.training import library_bars
 
-    path = check(name)
+    path = check(name, checkpoints)
     with library_bars():
         model = from_folder(CLIPModel.from_pretrained, path, dtype=torch.float32, local_files_only=True).to(device)
         image_processor = from_folder(AutoImageProcessor.from_pretrained, path, backend="pil", local_files_only=True)

@@ -71,15 +71,15 @@ class CLIPScore(Metric):
     higher_is_better = True
 
     @classmethod
-    def check(cls, extractor: str | None) -> None:
+    def check(cls, extractor: str | None, checkpoints: Path) -> None:
         if extractor is not None and is_folder_name(extractor):
-            clip_hf.check(extractor)
+            clip_hf.check(extractor, checkpoints)
         elif extractor is not None:
             check_whole(cls._checkpoint(extractor))
         return None
 
     @classmethod
-    def check_teacher(cls, teacher: str, teacher_cls, extractor: str | None) -> None:
+    def check_teacher(cls, teacher: str, teacher_cls, extractor: str | None, checkpoints: Path) -> None:
         if extractor is None and not cls.has_dataset(teacher_cls):
             raise UserError(f"metric clip is the small CLIP trained on the teacher's dataset; teacher {teacher!r} "
                             f"has none here: use clip@<arch> with a local open_clip checkpoint ({CHECKPOINT_ENV}) "
@@ -96,11 +96,12 @@ class CLIPScore(Metric):
             raise UserError(f"{e}, or a transformers CLIP folder: clip@hf:<folder>") from None
         return checkpoint_file(f"{cls.name}@{arch}", CHECKPOINT_ENV, arch, CHECKPOINT_EXAMPLE)
 
-    def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
-        super().__init__(teacher, cache=cache, device=device)
+    def __init__(self, teacher, *, cache: Cache, device: torch.device, checkpoints: Path,
+                 extractor: str | None = None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         self._prepare = lambda images: images  # what torchmetrics receives of the generated images
         if extractor is not None and is_folder_name(extractor):
-            self.clip = clip_hf.load(extractor, device=device)
+            self.clip = clip_hf.load(extractor, device=device, checkpoints=checkpoints)
             adapters = self.clip.model, self.clip.processor
             self._prepare = self.clip.prepare  # SJD's: 8 bits, bilinear resize to 299x299
         else:

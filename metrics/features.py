@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from core.cache import Cache, checkpoint_dir, config_key, file_key
+from core.cache import Cache, config_key, file_key
 from core.errors import UserError
 from teachers.data.images import load_image_dataset
 
@@ -47,7 +47,7 @@ class ImageExtractor(Protocol):
     def features(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
-def check_choice(metric: str, choice: str | None, *, logits: bool) -> None:
+def check_choice(metric: str, choice: str | None, *, logits: bool, checkpoints: Path) -> None:
     """Validate "metric@choice" before any work; the Inception weights must then be on disk."""
     from metrics.inception import logits_weights_path, weights_path
 
@@ -56,19 +56,19 @@ def check_choice(metric: str, choice: str | None, *, logits: bool) -> None:
     if choice not in CHOICES:
         raise UserError(f"metric {metric!r}: unknown extractor {choice!r}; valid: {', '.join(CHOICES)}")
     if logits:
-        logits_weights_path()
+        logits_weights_path(checkpoints)
     else:
         weights_path()
 
 
-def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: torch.device,
+def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: torch.device, checkpoints: Path,
                    logits: bool = False) -> ImageExtractor:
     """The extractor `choice`; with `logits`, one that also gives class logits (torch-fidelity's Inception)."""
     from metrics.extractors import load_classifier
     from metrics.inception import load_inception, load_inception_logits
 
     if choice == "inception":
-        return load_inception_logits(device) if logits else load_inception(device)
+        return load_inception_logits(device, checkpoints) if logits else load_inception(device)
     return load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
 
 
@@ -80,8 +80,8 @@ def embed(extractor: ImageExtractor, images: torch.Tensor, *, device: torch.devi
     return torch.cat([fn(b.to(device)).float().cpu() for b in images.split(extractor.batch)])
 
 
-def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
-                       device: torch.device) -> torch.Tensor:
+def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache, device: torch.device,
+                       checkpoints: Path) -> torch.Tensor:
     """Features (n, D) of the real reference split: from the cache, or computed and cached on first use.
 
     The key holds the cap on the image count, not the count itself, so a cache hit never loads the split. A teacher
@@ -90,7 +90,7 @@ def reference_features(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
     """
     stats = getattr(teacher, "reference_statistics", None)
     if stats is not None:
-        return reference_batch_features(extractor, checkpoint_dir() / stats[0], cache=cache, device=device)
+        return reference_batch_features(extractor, checkpoints / stats[0], cache=cache, device=device)
     recipe = {"dataset": teacher.dataset_name, "split": REFERENCE_SPLIT, "image_size": teacher.image_size,
               "extractor": extractor.name, "weights": extractor.fingerprint,
               "preprocessing": extractor.preprocessing, "max_images": extractor.max_reference}
@@ -122,17 +122,17 @@ def reference_batch_features(extractor: ImageExtractor, path: Path, *, cache: Ca
     return feats
 
 
-def reference_statistics(extractor: ImageExtractor, teacher: Any, *, cache: Cache,
-                         device: torch.device) -> dict[str, np.ndarray] | None:
+def reference_statistics(extractor: ImageExtractor, teacher: Any, *, cache: Cache, device: torch.device,
+                         checkpoints: Path) -> dict[str, np.ndarray] | None:
     """The statistics {"mu": (D,), "sigma": (D, D)} float64 a teacher of a real checkpoint names: the file of
     `reference_statistics`, or those of the images of the folder `reference_images` (`folder_statistics`); None for a
     teacher without either (its reference is the real split's features)."""
     stats = getattr(teacher, "reference_statistics", None)
     if stats is not None:
-        return {k: v.astype(np.float64) for k, v in read_npz(checkpoint_dir() / stats[0], "mu", "sigma").items()}
+        return {k: v.astype(np.float64) for k, v in read_npz(checkpoints / stats[0], "mu", "sigma").items()}
     folder = getattr(teacher, "reference_images", None)
     if folder is not None:
-        return folder_statistics(extractor, checkpoint_dir() / folder[0], cache=cache, device=device)
+        return folder_statistics(extractor, checkpoints / folder[0], cache=cache, device=device)
     return None
 
 

@@ -23,6 +23,8 @@ weights, so the numbers are close but not identical.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
@@ -38,10 +40,11 @@ class FID(ImageFeatureMetric):
     higher_is_better = False
     compares_with = "statistics"  # a real checkpoint's teacher: a file's or a folder's; else the real split's
 
-    def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
-        super().__init__(teacher, cache=cache, device=device, extractor=extractor)
+    def __init__(self, teacher, *, cache: Cache, device: torch.device, checkpoints: Path,
+                 extractor: str | None = None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints, extractor=extractor)
         # `reference_statistics` or `reference_images` (checked by `check_teacher`); None: the real split's features
-        self._stats = reference_statistics(self.model, teacher, cache=cache, device=device)
+        self._stats = reference_statistics(self.model, teacher, cache=cache, device=device, checkpoints=checkpoints)
         if self._stats is not None:
             return
         # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.

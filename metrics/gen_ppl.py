@@ -47,6 +47,7 @@ Evaluators:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
@@ -90,8 +91,8 @@ class CausalLMEvaluator:
     """A registered Hugging Face causal-LM teacher (`teachers.pretrained.hf_causal_lm`) as the evaluator, under a
     protocol of `PROTOCOLS`."""
 
-    def __init__(self, teacher_name: str, protocol: str, teacher, cache, device):
-        self.lm = load_teacher(teacher_name, cache=cache, device=device)
+    def __init__(self, teacher_name: str, protocol: str, teacher, cache, device, checkpoints: Path):
+        self.lm = load_teacher(teacher_name, cache=cache, device=device, checkpoints=checkpoints)
         self.teacher, self.protocol = teacher, protocol
         keep = teacher_name == SMOLLM2 and protocol == "sdtt"  # the key sweeps already name
         self.name = self.lm.evaluator_name if keep else f"{self.lm.evaluator_name}.{protocol}"
@@ -143,9 +144,9 @@ class CausalLMEvaluator:
 
 
 class CompanionEvaluator:
-    def __init__(self, teacher, cache, device, batch: int = 64):
+    def __init__(self, teacher, cache, device, checkpoints: Path, batch: int = 64):
         self.name = teacher.companion_lm
-        self.lm = load_teacher(self.name, cache=cache, device=device)
+        self.lm = load_teacher(self.name, cache=cache, device=device, checkpoints=checkpoints)
         self.device, self.batch = device, batch
         self.pooled = False
 
@@ -169,13 +170,14 @@ class CompanionEvaluator:
         return torch.cat(out)
 
 
-def evaluator(extractor: str | None, teacher, cache, device):
+def evaluator(extractor: str | None, teacher, cache, device, checkpoints: Path):
     choice, protocol = parse(extractor)
     if choice == "tiny" and not hf_folder.is_folder_name(teacher.companion_lm):
-        return CompanionEvaluator(teacher, cache, device)
+        return CompanionEvaluator(teacher, cache, device, checkpoints)
     if choice == "tiny":  # a real teacher's companion: GPT-2 for MDLM-OWT
         choice = teacher.companion_lm
-    return CausalLMEvaluator(SMOLLM2 if choice == "smollm2" else choice, protocol or "sdtt", teacher, cache, device)
+    return CausalLMEvaluator(SMOLLM2 if choice == "smollm2" else choice, protocol or "sdtt", teacher, cache, device,
+                             checkpoints)
 
 
 class GenPPL(Metric):
@@ -187,7 +189,7 @@ class GenPPL(Metric):
     modality = "text"
 
     @classmethod
-    def check(cls, extractor: str | None) -> str | None:
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
         choice, protocol = parse(extractor)
         if choice not in EVALUATORS and not hf_folder.is_folder_name(choice):
             raise UserError(f"metric 'gen_ppl': unknown evaluator {choice!r}; valid: {', '.join(EVALUATORS)}, each "
@@ -196,15 +198,15 @@ class GenPPL(Metric):
             raise UserError(f"metric 'gen_ppl@tiny' takes no protocol (the corpus' LM has one); for "
                             f"{protocol.upper()}'s, name a folder: gen_ppl@hf:<folder>:{protocol}")
         if hf_folder.is_folder_name(choice):
-            hf_folder.check(choice)
+            hf_folder.check(choice, checkpoints)
         if choice == "smollm2":
             reason = smollm2.unavailable()
             return f"gen_ppl: {reason}" if reason else None
         return None
 
-    def __init__(self, teacher, *, cache, device, extractor=None):
-        super().__init__(teacher, cache=cache, device=device)
-        self.evaluator = evaluator(extractor, teacher, cache, device)
+    def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
+        self.evaluator = evaluator(extractor, teacher, cache, device, checkpoints)
         self.extractor = self.evaluator.name
         self._scores: list[torch.Tensor] = []
 

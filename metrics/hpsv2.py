@@ -33,7 +33,7 @@ class HPSv2(Metric):
     higher_is_better = True
 
     @classmethod
-    def check(cls, extractor: str | None) -> str | None:
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
         check_arch(cls.name, extractor or ARCH)  # a wrong name can never work
         try:
             path = cls._checkpoint(extractor or ARCH)
@@ -46,8 +46,9 @@ class HPSv2(Metric):
     def _checkpoint(cls, arch: str) -> Path:
         return checkpoint_file(cls.name, CHECKPOINT_ENV, arch, CHECKPOINT_EXAMPLE)
 
-    def __init__(self, teacher, *, cache: Cache, device: torch.device, extractor: str | None = None):
-        super().__init__(teacher, cache=cache, device=device)
+    def __init__(self, teacher, *, cache: Cache, device: torch.device, checkpoints: Path,
+                 extractor: str | None = None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         arch = extractor or ARCH
         check_arch(self.name, arch)
         path = self._checkpoint(arch)

@@ -51,7 +51,7 @@ import torch.nn as nn
 from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d_like_tensorflow1x
 
 from core import files
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV
 from core.checkpoints import check_whole, torch_load_errors
 from core.errors import UserError
 
@@ -135,11 +135,11 @@ def load_inception(device: torch.device) -> InceptionExtractor:
     return InceptionExtractor(weights_path()).to(device)
 
 
-def logits_weights_path() -> Path:
+def logits_weights_path(checkpoints: Path) -> Path:
     """torch-fidelity's Inception-v3 weights (with the classifier): `$ACCELBENCH_INCEPTION_LOGITS_WEIGHTS`, else
     `weights-inception-2015-12-05-6726825d.pth` in the checkpoints folder."""
     named = os.environ.get(LOGITS_ENV)
-    path = Path(named).expanduser() if named else checkpoint_dir() / LOGITS_WEIGHTS
+    path = Path(named).expanduser() if named else checkpoints / LOGITS_WEIGHTS
     files.require(path, f"missing {path}: the inception score reads Inception-v3's class logits; place "
                         f"{LOGITS_WEIGHTS} (torch-fidelity's release v0.2.0) in {path.parent}, name its folder with "
                         f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {LOGITS_ENV}")
@@ -182,5 +182,5 @@ class InceptionLogits(nn.Module):
         return self._run(images)[1]
 
 
-def load_inception_logits(device: torch.device) -> InceptionLogits:
-    return InceptionLogits(logits_weights_path()).to(device)
+def load_inception_logits(device: torch.device, checkpoints: Path) -> InceptionLogits:
+    return InceptionLogits(logits_weights_path(checkpoints)).to(device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import statistics
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -50,17 +51,17 @@ def smollm2_name() -> str:
     return NAME
 
 
-def lm_features(teacher_name: str) -> Callable[[list[str], Cache, torch.device], np.ndarray]:
+def lm_features(teacher_name: str, checkpoints: Path) -> Callable[[list[str], Cache, torch.device], np.ndarray]:
     """The last hidden states of a registered causal-LM teacher (SmolLM2, or `hf:<folder>`: GPT-2 large in SDTT)."""
     def featurize(texts: list[str], cache: Cache, device: torch.device) -> np.ndarray:
         from teachers import load_teacher
 
-        return load_teacher(teacher_name, cache=cache, device=device).last_hidden_states(texts).numpy()  # (n, d)
+        lm = load_teacher(teacher_name, cache=cache, device=device, checkpoints=checkpoints)
+        return lm.last_hidden_states(texts).numpy()  # (n, d)
     return featurize
 
 
-FEATURIZERS: dict[str, Callable[[list[str], Cache, torch.device], np.ndarray]] = {
-    "minilm-l6": minilm_features, "smollm2": lm_features(SMOLLM2)}
+FEATURIZERS = ("minilm-l6", "smollm2")  # besides hf:<folder>
 
 
 class MAUVE(Metric):
@@ -72,9 +73,9 @@ class MAUVE(Metric):
     stochastic = True  # k-means quantisation
 
     @classmethod
-    def check(cls, extractor: str | None) -> str | None:
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
         if extractor is not None and hf_folder.is_folder_name(extractor):
-            hf_folder.check(extractor)
+            hf_folder.check(extractor, checkpoints)
             return None
         if extractor is not None and extractor not in FEATURIZERS:
             raise UserError(f"metric 'mauve': unknown featuriser {extractor!r}; valid: {', '.join(FEATURIZERS)}, "
@@ -86,14 +87,14 @@ class MAUVE(Metric):
             return f"mauve: {reason}" if reason else None
         return None
 
-    def __init__(self, teacher, *, cache, device, extractor=None):
-        super().__init__(teacher, cache=cache, device=device)
+    def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         choice = extractor or "minilm-l6"
-        if hf_folder.is_folder_name(choice):
-            self._featurize, self.extractor = lm_features(choice), hf_folder.folder(choice).name
-        else:  # the key names the model
-            self._featurize = FEATURIZERS[choice]
-            self.extractor = smollm2_name() if choice == "smollm2" else choice
+        if choice == "minilm-l6":
+            self._featurize, self.extractor = minilm_features, choice
+        else:  # a causal LM's features; the key names the model
+            self._featurize = lm_features(SMOLLM2 if choice == "smollm2" else choice, checkpoints)
+            self.extractor = smollm2_name() if choice == "smollm2" else hf_folder.folder(choice, checkpoints).name
         refs = teacher.reference_texts()
         sha = hashlib.sha256("\x00".join(refs).encode()).hexdigest()[:20]
         self.reference, _ = cache.get_or_build("text-features", config_key(self.extractor, sha),

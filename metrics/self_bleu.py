@@ -24,8 +24,8 @@ class SelfBLEU(Metric):
     modality = "text"
     max_samples = 200
 
-    def __init__(self, teacher, *, cache, device, extractor=None):
-        super().__init__(teacher, cache=cache, device=device)
+    def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         self._texts: list[str] = []
         self._groups: dict[tuple, list[str]] = {}  # prompt -> its continuations (a prompted teacher's samples)
 

@@ -21,8 +21,8 @@ class TokenEntropy(Metric):
     modality = "text"
     extractor = "tokens"
 
-    def __init__(self, teacher, *, cache, device, extractor=None):
-        super().__init__(teacher, cache=cache, device=device)
+    def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         self._values: list[float] = []
 
     def update(self, texts: list[str], cond) -> None:

@@ -20,6 +20,7 @@ seeds: [0]                        # each Optuna trial runs the base trial once p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from core.config import check_seeds, read_yaml_mapping
@@ -88,6 +89,7 @@ class StudySpec:
     pruner: str
     n_trials: int
     seeds: tuple[int, ...]
+    checkpoints: Path  # the folder of the user's files (`--checkpoints`) every trial of the study is planned with
 
     @property
     def directions(self) -> list[str]:
@@ -96,7 +98,8 @@ class StudySpec:
     def trial(self, knobs: dict, seed: int) -> Plan:
         """The planned trial of these knobs and seed."""
         base = dict(self.base)
-        return plan(Trial.from_mapping({**base, "params": {**base.get("params", {}), **knobs}, "seed": seed}))
+        return plan(Trial.from_mapping({**base, "params": {**base.get("params", {}), **knobs}, "seed": seed}),
+                    checkpoints=self.checkpoints)
 
 
 def _param(name: str, d: Any) -> Param:
@@ -115,16 +118,16 @@ def _param(name: str, d: Any) -> Param:
     return Param(name, d["type"], float(low), float(high), bool(d.get("log", False)), d.get("step"))
 
 
-def load_spec(path: str, **overrides: Any) -> StudySpec:
+def load_spec(path: str, *, checkpoints: Path, **overrides: Any) -> StudySpec:
     d = read_yaml_mapping(path, "study spec", SPEC_FIELDS)
     d.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return _build(d)
+        return _build(d, checkpoints)
     except UserError as exc:
         raise UserError(f"study spec {path}: {exc}") from None
 
 
-def _build(d: dict) -> StudySpec:
+def _build(d: dict, checkpoints: Path) -> StudySpec:
     if not isinstance(d.get("study"), str) or not d["study"]:
         raise UserError("'study' must be a non-empty name")
     if not isinstance(d.get("base"), dict) or not isinstance(d.get("space"), dict) or not d["space"]:
@@ -158,7 +161,7 @@ def _build(d: dict) -> StudySpec:
         raise UserError(f"n_trials must be a positive integer, got {n_trials!r}")
     seeds = check_seeds(seeds, "spec")
     spec = StudySpec(d["study"], d.get("experiment") or "accelbench-sweeps", dict(d["base"]), space,
-                     tuple(objectives), tuple(constraints), sampler, pruner, n_trials, seeds)
+                     tuple(objectives), tuple(constraints), sampler, pruner, n_trials, seeds, checkpoints)
     # Validate the base trial and every knob name now, with each knob at a value from its range.
     spec.trial({p.name: (p.choices[0] if p.type == "categorical" else (int(p.low) if p.type == "int" else p.low))
                 for p in space}, seeds[0])

@@ -8,9 +8,11 @@
 
 A registered teacher is a class with `family`, `modality` and the family's protocol, a `key()` classmethod (the
 hash of everything that determines its weights; what is derived from it is cached under it) and a
-`load(name, *, cache, device)` classmethod. Declared below by import path: importing this package imports none of
+`load(name, *, cache, device)` classmethod; one made of local files is looked up with the checkpoints folder it
+reads (`teacher_class`, `load_teacher`). Declared below by import path: importing this package imports none of
 them (`core.registry`).
 """
+from pathlib import Path
 from typing import Any
 
 from core.registry import TEACHERS
@@ -55,11 +57,17 @@ TEACHERS.register_prefix("hf:", "teachers.pretrained.hf_folder:teacher_class")  
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
 
 
-def load_teacher(name: str, *, cache, device):
-    """The registered teacher `name`, loaded (or trained, and reported: `core.training.report_training`) once per
-    process, cache root and device: the runner's teacher, SDTT's causal-LM arm and the gen-PPL evaluators all come
-    from here."""
+def teacher_class(name: str, checkpoints: Path) -> type:
+    """The registered teacher `name`; one made of local files reads them in `checkpoints` (`--checkpoints`)."""
     cls = TEACHERS.get(name)
+    return cls.at(checkpoints) if hasattr(cls, "at") else cls
+
+
+def load_teacher(name: str, *, cache, device, checkpoints: Path):
+    """The registered teacher `name` (its files in `checkpoints`), loaded (or trained, and reported:
+    `core.training.report_training`) once per process, cache root and device: the runner's teacher, SDTT's causal-LM
+    arm and the gen-PPL evaluators all come from here."""
+    cls = teacher_class(name, checkpoints)
     key = (name, cls.key(), str(cache.root), str(device))
     if key not in _LOADED:
         _LOADED[key] = cls.load(name, cache=cache, device=device)

@@ -17,6 +17,10 @@ from teachers.pretrained.mar import MARH
 from teachers.pretrained.mdlm_owt import MDLMOWT, MDLMOWTPrompted
 from teachers.pretrained.var import VARd16
 
+# The checkpoints folder of a test whose teachers, metrics and methods read no user files (tiny and fake ones): a
+# folder that does not exist, so anything read from it by mistake fails.
+NO_CHECKPOINTS = Path(tempfile.gettempdir()) / "accelbench-tests-no-checkpoints"
+
 
 @dataclass
 class _TableState:
@@ -642,7 +646,7 @@ def tiny_gpt2_folder_teacher(device="cpu"):
     from teachers.pretrained.hf_folder import teacher_class
 
     name = f"hf:{_files('tiny-sdtt', write_sdtt_checkpoints) / 'gpt2'}"
-    return teacher_class(name).load(name, cache=None, device=torch.device(device))
+    return teacher_class(name).at(NO_CHECKPOINTS).load(name, cache=None, device=torch.device(device))  # a path
 
 
 def tiny_mdlm_owt_teacher(device="cpu"):

@@ -9,7 +9,7 @@ from core.errors import UserError
 from methods.ard import ARD, KD, ARDConfig, StepDistill, knot_states, time_labels
 from methods.ard_student import ARDStudent
 from teachers.families import ode_diffusion
-from tests.fakes import make_config, tiny_dit_teacher
+from tests.fakes import NO_CHECKPOINTS, make_config, tiny_dit_teacher
 
 
 def _student(teacher, S=3, N=2, mask="M4", time_embed="adaln_tokenwise"):
@@ -63,7 +63,7 @@ def test_n_zero_is_step_distillation_on_the_same_code_path(tmp_path):
     outs = []
     for method in (StepDistill(teacher, make_config(StepDistill.Config, **knobs)),
                    ARD(teacher, make_config(ARDConfig, history_layers=0, mask="M1", **knobs))):
-        method.fit(cache=Cache(tmp_path))
+        method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
         outs.append(method.sample(cond, generator=torch.Generator().manual_seed(4)).data)
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(UserError, match="history_layers"):
@@ -101,7 +101,7 @@ def test_extra_flops_are_the_history_attention_and_nothing_else(tmp_path):
     flops = {}
     for N, mask in ((0, "M1"), (2, "M4"), (2, "M3")):
         method = ARD(teacher, make_config(ARDConfig, history_layers=N, mask=mask, **base))
-        flops[(N, mask)] = method.fit(cache=Cache(tmp_path))
+        flops[(N, mask)] = method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     assert flops[(0, "M1")]["extra_flops_vs_teacher_step"] == 0.0  # step distillation costs a teacher forward
     L, d = teacher.network.cfg.tokens, teacher.network.cfg.hidden
     for (N, mask), visible_blocks in (((2, "M4"), 0 + 1 + 2), ((2, "M3"), 0 + 1 + 1)):
@@ -137,7 +137,7 @@ def test_discriminator_finetune_runs_and_its_adaptive_weight_is_the_gradient_rat
     knobs = dict(steps=4, student_steps=2, n_traj=16, train_steps=2, batch=4)
     plain = ARD(teacher, make_config(ARDConfig, **knobs))
     gan = ARD(teacher, make_config(ARDConfig, gan_steps=2, gan_warmup=1, **knobs))
-    info = gan.fit(cache=Cache(tmp_path))
-    plain.fit(cache=Cache(tmp_path))
+    info = gan.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
+    plain.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     assert {"gan_loss_r", "gan_loss_g", "gan_loss_d", "gan_weight"} <= set(info) and info["gan_weight"] > 0
     assert not torch.equal(gan.student.heads[-1].linear.weight, plain.student.heads[-1].linear.weight)

@@ -15,7 +15,7 @@ import torch
 
 from core.errors import UserError
 from core.registry import TEACHERS
-from tests.fakes import refused_by_the_cli
+from tests.fakes import NO_CHECKPOINTS, refused_by_the_cli
 
 
 def damage(path: Path, how: str) -> Path:
@@ -314,8 +314,9 @@ def test_a_damaged_metric_file_is_refused_when_planned_not_skipped(tmp_path, mon
     torch.save({"state_dict": {"w": torch.zeros(64, 64)}}, good)
     path = _bad_checkpoint(tmp_path / f"{how}.pt", good, how)
     monkeypatch.setenv(HPS_ENV, str(tmp_path / "absent.pt"))
-    assert "not found" in HPSv2.check(None)
-    for env, check in ((HPS_ENV, lambda: HPSv2.check(None)), (CLIP_ENV, lambda: CLIPScore.check("ViT-B-16")),
+    assert "not found" in HPSv2.check(None, NO_CHECKPOINTS)
+    for env, check in ((HPS_ENV, lambda: HPSv2.check(None, NO_CHECKPOINTS)),
+                       (CLIP_ENV, lambda: CLIPScore.check("ViT-B-16", NO_CHECKPOINTS)),
                        (inception.ENV, inception.weights_path)):
         monkeypatch.setenv(env, str(path))
         with pytest.raises(UserError) as exc:

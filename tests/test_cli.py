@@ -338,7 +338,7 @@ def test_fit_keeps_the_process_threads_and_sampling_uses_the_option(tiny_recipe,
     sjd = METHODS.get("sjd")
     sample = sjd.sample
 
-    def fit(self, *, cache):
+    def fit(self, *, cache, checkpoints):
         seen["fit"].append(torch.get_num_threads())
         return {}
 
@@ -385,3 +385,23 @@ def test_no_progress_reaches_the_libraries_bars():
     with progress_bars(True), library_bars():
         assert hf_logging.is_progress_bar_enabled()
     assert hf_logging.is_progress_bar_enabled() == before
+
+
+def test_the_checkpoints_folder_is_handed_down_not_read_from_the_environment(tmp_path, capsys, monkeypatch):
+    """`$ACCELBENCH_CHECKPOINTS` is the default of `--checkpoints` and nothing else: `plan` reads the folder it is
+    given, and the option wins over the variable."""
+    from bench.plan import plan
+    from core.errors import UserError
+    from core.trial import Trial
+    from tests.fakes import refused_by_the_cli
+
+    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path / "from-env"))
+    with pytest.raises(UserError) as exc:
+        plan(Trial("dit-xl-2-256", "ddim"), checkpoints=tmp_path / "given")
+    assert f"missing {tmp_path}/given/DiT-XL-2-256x256.pt" in str(exc.value) and "from-env" not in str(exc.value)
+    store = ["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    err = refused_by_the_cli(capsys, "run", "--teacher", "dit-xl-2-256", "--method", "ddim", *store,
+                             "--checkpoints", str(tmp_path / "option"))
+    assert f"missing {tmp_path}/option/DiT-XL-2-256x256.pt" in err
+    err = refused_by_the_cli(capsys, "run", "--teacher", "dit-xl-2-256", "--method", "ddim", *store)
+    assert f"missing {tmp_path}/from-env/DiT-XL-2-256x256.pt" in err

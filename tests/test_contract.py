@@ -8,12 +8,14 @@ from core import precision
 from core.cache import Cache
 from core.config import build_config, knobs
 from core.errors import UserError
+from teachers import teacher_class
 from core.registry import METHODS, METRICS, TEACHERS
 from core.samples import Samples
 from bench.plan import RUN_FIELDS
 from methods.base import TeacherSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
-from tests.fakes import (LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher, tiny_emu3_teacher,
+from tests.fakes import (NO_CHECKPOINTS, LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher,
+                         tiny_emu3_teacher,
                          tiny_gpt2_folder_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
                          tiny_mar_teacher, tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher,
                          tiny_official_dit_teacher, tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
@@ -41,7 +43,7 @@ FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 
 
 @pytest.mark.parametrize("name", TEACHERS.names())
 def test_teacher_entry(name):
-    cls = TEACHERS.get(name)
+    cls = teacher_class(name, NO_CHECKPOINTS)
     assert cls.__doc__ and cls.family in FAKES, "every family needs a fake teacher in tests/fakes.py"
     assert cls.modality in ("image", "text")
     assert cls.key() == cls.key() and len(cls.key()) == 20
@@ -93,7 +95,7 @@ def test_method_entry(name, tmp_path):
                 continue
             cond = teacher.conditions(1, torch.Generator().manual_seed(0))
             method = cls(teacher, fast)
-            fit_info = method.fit(cache=Cache(tmp_path))
+            fit_info = method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
             assert all(isinstance(v, float) for v in fit_info.values())
             runs = [method.sample(cond, generator=torch.Generator().manual_seed(5)) for _ in range(2)]
             out = runs[0]
@@ -132,7 +134,7 @@ def test_method_entry(name, tmp_path):
 def test_metric_entry(name, cache):
     cls = METRICS.get(name)
     assert cls.__doc__ and isinstance(cls.higher_is_better, bool) and isinstance(cls.stochastic, bool)
-    unavailable = cls.check(None)
+    unavailable = cls.check(None, NO_CHECKPOINTS)
     if unavailable is not None:  # e.g. a checkpoint this machine does not have: one line saying what is missing
         assert isinstance(unavailable, str) and unavailable.startswith(name) and "\n" not in unavailable
         return
@@ -145,7 +147,8 @@ def test_metric_entry(name, cache):
         teacher = tiny_mdlm_teacher()
         samples = teacher.decode(teacher.training_chunks(None)[:8])
     cond = teacher.conditions(8, torch.Generator().manual_seed(0))
-    metric = cls(teacher, cache=cache, device=torch.device("cpu"))  # the session's: extractors are built once
+    metric = cls(teacher, cache=cache, device=torch.device("cpu"),
+                 checkpoints=NO_CHECKPOINTS)  # the session's: extractors are built once
     metric.update(samples, cond)
     values = metric.compute(seed=0)
     assert values and all(k.startswith(name + ".") for k in values)

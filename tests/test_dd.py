@@ -12,7 +12,7 @@ from core.errors import UserError
 from methods.dd import DD, DDConfig
 from methods.dd_student import DDStudent
 from methods.onestep import OneStep, OneStepConfig
-from tests.fakes import make_config, tiny_gpt_teacher, tiny_llamagen_teacher
+from tests.fakes import NO_CHECKPOINTS, make_config, tiny_gpt_teacher, tiny_llamagen_teacher
 
 FAST = dict(n_pairs=256, train_steps=40, batch=16, solver_steps=4)
 
@@ -114,9 +114,11 @@ def test_training_lowers_the_loss_and_is_cached(tmp_path):
     teacher, cache = tiny_gpt_teacher(), Cache(tmp_path)
     short = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 1}))
     long = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 60}))
-    first, trained = short.fit(cache=cache), long.fit(cache=cache)
+    first = short.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
+    trained = long.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     assert trained["train_ce"] < first["train_ce"] and not trained["student_cached"]
-    again = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 60}, steps=2)).fit(cache=cache)  # sampling only
+    again = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 60}, steps=2))  # sampling only
+    again = again.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     assert again["student_cached"] == 1.0 and again["pairs_cached"] == 1.0
 
 
@@ -127,14 +129,14 @@ def test_samplers_count_their_passes_and_are_deterministic(tmp_path):
     for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + (4 - 2)),
                           ({"steps": 2, "ts": 1}, 1 + (4 - 1))):
         method = DD(teacher, make_config(DDConfig, **FAST, **knobs))
-        method.fit(cache=cache)
+        method.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
         a, b = (method.sample(cond, generator=torch.Generator().manual_seed(9)) for _ in range(2))
         assert torch.equal(a.data, b.data) and a.counters == b.counters, knobs
         assert a.counters["nfe"] == 3 * passes and a.counters["tokens"] == 3 * n, knobs
     one = DD(teacher, make_config(DDConfig, **FAST, steps=1))
-    one.fit(cache=cache)
+    one.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     two = DD(teacher, make_config(DDConfig, **FAST, steps=2))
-    two.fit(cache=cache)
+    two.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     x1 = one.sample(cond, generator=torch.Generator().manual_seed(9)).data
     x2 = two.sample(cond, generator=torch.Generator().manual_seed(9)).data
     assert torch.equal(x1[:, :3], x2[:, :3])  # step 2 keeps the first t2 - 1 tokens of step 1 (same noise)
@@ -159,9 +161,9 @@ def test_two_token_toy_dd_is_valid_where_onestep_star_is_not(toy, tmp_path):
     cache = Cache(tmp_path)
     cond = toy.conditions(1000, torch.Generator().manual_seed(0))
     dd = DD(toy, make_config(DDConfig, n_pairs=512, train_steps=150, batch=64, lr=3e-3, t2=2))
-    dd.fit(cache=cache)
+    dd.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     onestep = OneStep(toy, make_config(OneStepConfig, n_pairs=512))
-    onestep.fit(cache=cache)
+    onestep.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     invalid = {}
     for name, method in (("dd", dd), ("onestep*", onestep)):
         x = method.sample(cond, generator=torch.Generator().manual_seed(1)).data
@@ -176,7 +178,7 @@ def test_pre_trained_ts_t2_passes_are_the_networks_calls(tmp_path, ts, t2):
     student's."""
     teacher = tiny_gpt_teacher()
     method = DD(teacher, make_config(DDConfig, **{**FAST, "train_steps": 1}, steps=2, t2=t2, ts=ts))
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     # the teacher's first block runs once per teacher pass (the student's network is a copy)
     with counted(teacher=teacher.network.blocks[0], student=method.student) as calls:
         out = method.sample(teacher.conditions(2, torch.Generator().manual_seed(0)),

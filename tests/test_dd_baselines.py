@@ -13,7 +13,7 @@ from methods.onestep import OneStep, OneStepConfig
 from methods.skip import Skip, SkipConfig
 from methods.dd_token_flow import FlowConfig
 from teachers.families import ar_token
-from tests.fakes import TableAR, make_config, tiny_gpt_teacher
+from tests.fakes import NO_CHECKPOINTS, TableAR, make_config, tiny_gpt_teacher
 
 SAMPLING = dict(top_k=6, cfg=2.0)  # a truncated, guided target exercises process() and both CFG branches
 S = ar_token.SamplingConfig(**SAMPLING)
@@ -25,7 +25,7 @@ def fitted(tmp_path_factory):
     cache = Cache(tmp_path_factory.mktemp("pairs"))
     teacher = tiny_gpt_teacher()
     method = OneStep(teacher, make_config(OneStepConfig, n_pairs=512, **SAMPLING))
-    info = method.fit(cache=cache)
+    info = method.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     return teacher, method, cache, info
 
 
@@ -59,10 +59,11 @@ def test_second_fit_reuses_the_cached_pairs(fitted, monkeypatch):
     teacher, method, cache, info = fitted
     assert info["pairs_cached"] == 0.0
     monkeypatch.setattr(dd_pairs, "_generate", lambda *a: pytest.fail("pairs regenerated"))
-    again = OneStep(teacher, make_config(OneStepConfig, n_pairs=512, **SAMPLING)).fit(cache=cache)
+    again = OneStep(teacher, make_config(OneStepConfig, n_pairs=512, **SAMPLING))
+    again = again.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     assert again["pairs_cached"] == 1.0
     skip = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=3, **SAMPLING))  # other knobs, same pairs
-    assert skip.fit(cache=cache)["pairs_cached"] == 1.0
+    assert skip.fit(cache=cache, checkpoints=NO_CHECKPOINTS)["pairs_cached"] == 1.0
 
 
 def test_onestep_marginals_are_the_empirical_frequencies(fitted):
@@ -88,7 +89,7 @@ def test_onestep_marginals_are_the_empirical_frequencies(fitted):
 def test_skip_zero_is_the_teacher_sampler(fitted):
     teacher, _, cache, _ = fitted
     method = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=0, **SAMPLING))
-    method.fit(cache=cache)
+    method.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     cond = teacher.conditions(8, torch.Generator().manual_seed(1))
     ar = ar_token.sample_ar(teacher, cond, S, generator=torch.Generator().manual_seed(2))
     out = method.sample(cond, generator=torch.Generator().manual_seed(2))
@@ -99,7 +100,7 @@ def test_skip_n_fills_the_tail_with_the_per_condition_modes(fitted):
     teacher, _, cache, _ = fitted
     N, n = teacher.seq_len, 5
     method = Skip(teacher, make_config(SkipConfig, n_pairs=512, skip=n, **SAMPLING))
-    method.fit(cache=cache)
+    method.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     cond = teacher.conditions(8, torch.Generator().manual_seed(1))
     ar = ar_token.sample_ar(teacher, cond, S, generator=torch.Generator().manual_seed(2))
     out = method.sample(cond, generator=torch.Generator().manual_seed(2))

@@ -9,6 +9,7 @@ from methods.dd_pairs import PairConfig, generate_pairs, map_noise
 from methods.onestep import OneStep, OneStepConfig
 from methods.dd_token_flow import FlowConfig, flow_map, velocity
 from teachers.families import ar_token
+from tests.fakes import NO_CHECKPOINTS
 
 V, C, N_NOISE = 32, 8, 20_000
 SOLVER_SLACK = 0.015  # measured TV above an i.i.d. sample: <= 0.008 for dpm++2m-10, <= 0.003 for the others
@@ -108,7 +109,7 @@ def test_two_token_toy_pairs_are_valid_and_onestep_star_is_not(tmp_path):
     assert torch.equal(map_noise(toy, pairs.noise[:500], pairs.cond[:500], s, FlowConfig()), pairs.tokens[:500])
 
     method = OneStep(toy, OneStepConfig(n_pairs=2000))
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     out = method.sample(toy.conditions(2000, None), generator=torch.Generator().manual_seed(0))
     invalid = (out.data[:, 0] != out.data[:, 1]).float().mean().item()
     assert 0.4 < invalid < 0.6  # Prop. 3.1: (0,1) and (1,0) as likely as (0,0) and (1,1)

@@ -14,7 +14,7 @@ from methods.dd_student import VARDDStudent
 from methods.onestep import OneStep, VAROneStepConfig
 from methods.dd_token_flow import FlowConfig
 from teachers.families import multiscale_vq
-from tests.fakes import make_config, tiny_var_teacher
+from tests.fakes import NO_CHECKPOINTS, make_config, tiny_var_teacher
 from tests.test_dd import counted
 
 S = multiscale_vq.SamplingConfig(cfg=1.5, top_k=8, top_p=0.0)
@@ -63,7 +63,7 @@ def test_the_samplers_count_their_passes_and_keep_the_known_scales(teacher, tmp_
     for knobs, passes in (({"steps": 1}, 1), ({"steps": 2}, 2), ({"steps": 2, "ts": 2}, 2 + 3 - 2),
                           ({"steps": 2, "ts": 1}, 3)):
         method = DD(teacher, make_config(VARDDConfig, **FAST, t2=3, **knobs))
-        method.fit(cache=cache)
+        method.fit(cache=cache, checkpoints=NO_CHECKPOINTS)
         a, b = (method.sample(cond, generator=torch.Generator().manual_seed(9)) for _ in range(2))
         assert torch.equal(a.data, b.data) and a.counters["nfe"] == 3 * passes, knobs
         assert a.data.shape == (3, teacher.seq_len) and 0 <= a.data.min() and a.data.max() < teacher.vocab_size
@@ -82,7 +82,7 @@ def test_onestep_star_on_var_draws_every_scale_from_the_pairs_of_its_class(teach
     """No dense table: the pairs' tokens grouped by class (what VAR-d16's 1000 classes x 680 x 4096 need), and every
     drawn token is one a pair of the same class has at that position."""
     method = OneStep(teacher, make_config(VAROneStepConfig, n_pairs=200, cfg=1.5, top_k=8, top_p=0.0))
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     m = method.fitted()
     assert m.tokens.shape == (200, teacher.seq_len) and int(m.starts[-1]) == 200
     cond = torch.tensor([[2], [5]])
@@ -133,7 +133,7 @@ def test_pre_trained_ts_t2_costs_the_papers_passes(teacher, tmp_path, ts, t2):
     """Alg. 4 on VAR: 2 + t2 - ts forward passes (t2 when ts = 1; Table 2), counted on the networks themselves: one
     teacher pass reads the kept scales, so the count falls as ts grows."""
     method = DD(teacher, make_config(VARDDConfig, **{**FAST, "train_steps": 1}, steps=2, t2=t2, ts=ts))
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     with counted(teacher=teacher.network.blocks[0], student=method.student) as calls:
         out = method.sample(torch.tensor([[1], [4]]), generator=torch.Generator().manual_seed(0))
     expected = t2 if ts == 1 else 2 + t2 - ts

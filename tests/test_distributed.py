@@ -21,6 +21,7 @@ from core.errors import UserError
 from core.spool import SPOOL_DIR, Batch, claim, resumable
 from core.timing import latency_stats
 from core.trial import Trial
+from tests.fakes import NO_CHECKPOINTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,8 +201,9 @@ def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
         {"teacher": "digits-dit-c2i", "method": "ddim"},
         {"teacher": "digits-dit-c2i", "method": "ddim", "tf32": True}]}))
     kept = options.numerics(parser.parse_args(["suite", str(suite)]))
-    assert kept == {} and [p.trial.dtype for p in load_suite(str(suite), numerics=kept).plans] == ["bf16", "bf16"]
+    kept_plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, numerics=kept).plans
+    assert kept == {} and [p.trial.dtype for p in kept_plans] == ["bf16", "bf16"]
     forced = options.numerics(parser.parse_args(["suite", str(suite), "--dtype", "fp32", "--no-compile"]))
-    plans = load_suite(str(suite), numerics=forced).plans
+    plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, numerics=forced).plans
     assert [(p.trial.dtype, p.trial.tf32, p.trial.compile) for p in plans] == [("fp32", False, False),
                                                                                 ("fp32", True, False)]

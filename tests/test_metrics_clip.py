@@ -15,6 +15,7 @@ from metrics.clip_models import CLIPRecipe, eval_transform, load_small_clip
 from metrics.clip_score import CHECKPOINT_ENV, CLIPScore
 from teachers.data.images import caption_table, load_image_dataset
 from tests.test_datasets import needs_real
+from tests.fakes import NO_CHECKPOINTS
 
 CPU = torch.device("cpu")
 # A registered open_clip architecture small enough to build in milliseconds; 32x32 input, so the 16x16 digits are
@@ -60,7 +61,7 @@ def digits_test():
 
 @pytest.fixture(scope="module")
 def metric(cache):
-    return CLIPScore(TEACHER, cache=cache, device=CPU)
+    return CLIPScore(TEACHER, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS)
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_registered_keys_and_reset(metric, digits_test):
     from core.registry import METRICS
 
     assert METRICS.get("clip") is CLIPScore and CLIPScore.higher_is_better is True and not CLIPScore.stochastic
-    assert CLIPScore.check(None) is None
+    assert CLIPScore.check(None, NO_CHECKPOINTS) is None
     images, cond = digits_test
     first = _score(metric, images[:40], cond[:40])
     (key,) = metric.compute()
@@ -181,21 +182,21 @@ def test_registered_keys_and_reset(metric, digits_test):
 
 def test_unknown_architecture_is_a_user_error():
     with pytest.raises(UserError, match=r"clip@ViT-B-61: unknown open_clip architecture .*ViT-B-16"):
-        CLIPScore.check("ViT-B-61")
+        CLIPScore.check("ViT-B-61", NO_CHECKPOINTS)
     with pytest.raises(UserError, match="unknown open_clip architecture"):
-        CLIPScore.check("ViT-B-16-SigLIP")  # its text tower is a Hugging Face download
+        CLIPScore.check("ViT-B-16-SigLIP", NO_CHECKPOINTS)  # its text tower is a Hugging Face download
 
 
 def test_missing_checkpoint_is_a_user_error_naming_file_and_variable(tmp_path, monkeypatch):
     monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
     with pytest.raises(UserError, match=f"clip@ViT-B-16: no checkpoint; set {CHECKPOINT_ENV}="):
-        CLIPScore.check("ViT-B-16")
+        CLIPScore.check("ViT-B-16", NO_CHECKPOINTS)
     missing = tmp_path / "vit_b_16.pt"
     monkeypatch.setenv(CHECKPOINT_ENV, str(missing))
     with pytest.raises(UserError, match=f"{missing} \\(from {CHECKPOINT_ENV}\\) not found"):
-        CLIPScore.check("ViT-B-16")
+        CLIPScore.check("ViT-B-16", NO_CHECKPOINTS)
     with pytest.raises(UserError, match="not found"):
-        CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, extractor="ViT-B-16")
+        CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS, extractor="ViT-B-16")
 
 
 @pytest.mark.parametrize("layout", ["raw", "wrapped", "ddp"])
@@ -207,9 +208,9 @@ def test_local_checkpoint_loads_and_scores(tiny_arch, tmp_path, monkeypatch, dig
     path = tmp_path / "tiny.pt"
     torch.save(saved, path)
     monkeypatch.setenv(CHECKPOINT_ENV, str(path))
-    assert CLIPScore.check(tiny_arch) is None
+    assert CLIPScore.check(tiny_arch, NO_CHECKPOINTS) is None
 
-    metric = CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, extractor=tiny_arch)
+    metric = CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS, extractor=tiny_arch)
     loaded = metric.clip.model.state_dict()
     assert loaded.keys() == weights.keys() and all(torch.equal(loaded[k], weights[k]) for k in weights)
     images, cond = digits_test

@@ -11,7 +11,7 @@ from core.cache import Cache
 from core.errors import UserError
 from metrics import clip_hf
 from metrics.clip_score import CLIPScore
-from tests.fakes import write_tiny_clip
+from tests.fakes import NO_CHECKPOINTS, write_tiny_clip
 
 CPU = torch.device("cpu")
 PARITY_RTOL = 1e-6
@@ -53,8 +53,9 @@ def test_parity_with_torchmetrics_and_clipmodel(clip_folder, samples):
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, CLIPProcessor
 
     name = f"hf:{clip_folder}"
-    assert CLIPScore.check(name) is None
-    metric = CLIPScore(TEACHER, cache=Cache(clip_folder.parent / "cache"), device=CPU, extractor=name)
+    assert CLIPScore.check(name, NO_CHECKPOINTS) is None
+    metric = CLIPScore(TEACHER, cache=Cache(clip_folder.parent / "cache"), device=CPU, checkpoints=NO_CHECKPOINTS,
+                       extractor=name)
     images, cond = samples
     ours = _score(metric, images, cond)
     unclamped = (metric._score.score / metric._score.n_samples).item()
@@ -83,7 +84,8 @@ def test_parity_with_torchmetrics_and_clipmodel(clip_folder, samples):
 def test_key_names_the_folder(clip_folder, samples):
     from mlflow.utils.validation import _validate_metric_name
 
-    metric = CLIPScore(TEACHER, cache=Cache(clip_folder.parent / "cache"), device=CPU, extractor=f"hf:{clip_folder}")
+    metric = CLIPScore(TEACHER, cache=Cache(clip_folder.parent / "cache"), device=CPU, checkpoints=NO_CHECKPOINTS,
+                       extractor=f"hf:{clip_folder}")
     _score(metric, *samples)
     (key,) = metric.compute()
     assert key == "clip.hf-tiny-clip"
@@ -91,16 +93,17 @@ def test_key_names_the_folder(clip_folder, samples):
 
 
 def test_name_under_checkpoints_folder(clip_folder, monkeypatch):
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(clip_folder.parent))
+    checkpoints = clip_folder.parent
     monkeypatch.chdir(clip_folder.parent.parent)  # "tiny-clip" is not a path from here
-    assert CLIPScore.check("hf:tiny-clip") is None
+    assert CLIPScore.check("hf:tiny-clip", checkpoints) is None
     assert clip_hf.key_name("hf:tiny-clip") == "hf-tiny-clip"
 
 
 def test_missing_folder_is_one_line_naming_file_and_option(tmp_path):
     missing = tmp_path / "clip-vit-base-patch16"
-    for call in (lambda: CLIPScore.check(f"hf:{missing}"),
-                 lambda: CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, extractor=f"hf:{missing}")):
+    for call in (lambda: CLIPScore.check(f"hf:{missing}", NO_CHECKPOINTS),
+                 lambda: CLIPScore(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS,
+                                   extractor=f"hf:{missing}")):
         with pytest.raises(UserError) as info:
             call()
         message = str(info.value)
@@ -111,8 +114,8 @@ def test_not_a_clip_folder_and_unknown_choice(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(UserError, match="model_type is 'gpt2', expected 'clip'"):
-        CLIPScore.check(f"hf:{tmp_path}")
+        CLIPScore.check(f"hf:{tmp_path}", NO_CHECKPOINTS)
     with pytest.raises(UserError, match=r"unknown open_clip architecture .*ViT-B-16.*clip@hf:<folder>"):
-        CLIPScore.check("ViT-B-61")
+        CLIPScore.check("ViT-B-61", NO_CHECKPOINTS)
     with pytest.raises(UserError, match="name the folder"):
-        CLIPScore.check("hf:")
+        CLIPScore.check("hf:", NO_CHECKPOINTS)

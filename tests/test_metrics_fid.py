@@ -1,6 +1,7 @@
 """FID with the digits classifier extractor: parity with clean-fid, sanity, accuracy, caching and determinism."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,7 @@ from core.cache import Cache
 from metrics import extractors
 from metrics.extractors import load_classifier
 from metrics.fid import FID
+from tests.fakes import NO_CHECKPOINTS
 
 CPU = torch.device("cpu")
 TEACHER = SimpleNamespace(dataset_name="digits", image_size=16)  # all FID reads from a teacher
@@ -19,7 +21,7 @@ PARITY_RTOL = 1e-6  # both sides get identical float64 features; measured differ
 
 @pytest.fixture(scope="module")
 def fid(cache, classifier):
-    return FID(TEACHER, cache=cache, device=CPU)
+    return FID(TEACHER, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS)
 
 
 def _fid_of(fid: FID, fake: torch.Tensor) -> float:
@@ -64,33 +66,33 @@ def test_reference_features_are_cached_by_extractor_and_split(tmp_path, classifi
     from metrics import features
 
     cache = Cache(tmp_path)
-    first = features.reference_features(classifier, TEACHER, cache=cache, device=CPU)
+    first = features.reference_features(classifier, TEACHER, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS)
     assert first.shape == (len(images["test"]), classifier.num_features)
     # The reference is the whole split in a fixed order: the same multiset of features as the split itself.
     direct = classifier.features(images["test"])
     assert torch.allclose(first.sum(0), direct.sum(0), rtol=1e-4) and len(list(tmp_path.glob("reference/*.pt"))) == 1
     monkeypatch.setattr(features, "embed", lambda *a, **k: pytest.fail("recomputed although cached"))
     monkeypatch.setattr(features, "load_image_dataset", lambda *a: pytest.fail("split loaded although cached"))
-    assert torch.equal(features.reference_features(classifier, TEACHER, cache=cache, device=CPU), first)
+    assert torch.equal(features.reference_features(classifier, TEACHER, cache=cache, device=CPU,
+                                                   checkpoints=NO_CHECKPOINTS), first)
     monkeypatch.setattr(classifier, "max_reference", 100)  # another cap is another entry
     with pytest.raises(pytest.fail.Exception, match="split loaded"):
-        features.reference_features(classifier, TEACHER, cache=cache, device=CPU)
+        features.reference_features(classifier, TEACHER, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS)
 
 
 def test_extractor_choices_are_validated():
     from core.errors import UserError
 
-    assert FID.check(None) is None and FID.check("cnn") is None
+    assert FID.check(None, NO_CHECKPOINTS) is None and FID.check("cnn", NO_CHECKPOINTS) is None
     with pytest.raises(UserError, match="unknown extractor 'vgg'; valid: cnn, inception"):
-        FID.check("vgg")
+        FID.check("vgg", NO_CHECKPOINTS)
     from metrics.inception_score import InceptionScore
 
     with pytest.MonkeyPatch.context() as mp:  # is@inception reads torch-fidelity's weights file, named in one line
-        mp.setenv("ACCELBENCH_CHECKPOINTS", "/nonexistent")
         mp.delenv("ACCELBENCH_INCEPTION_LOGITS_WEIGHTS", raising=False)
         with pytest.raises(UserError, match="missing /nonexistent/weights-inception-2015-12-05-6726825d.pth: the "
                                             "inception score reads Inception-v3's class logits"):
-            InceptionScore.check("inception")
+            InceptionScore.check("inception", Path("/nonexistent"))
 
 
 @pytest.mark.parametrize("fake", ["train", "noise"])

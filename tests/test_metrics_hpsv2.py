@@ -11,6 +11,7 @@ from metrics.clip_models import eval_transform
 from metrics.hpsv2 import CHECKPOINT_ENV, HPSv2
 from teachers.data.images import load_image_dataset
 from tests.test_metrics_clip import TEACHER, TINY_ARCH, register_tiny_arch, tiny_state_dict
+from tests.fakes import NO_CHECKPOINTS
 
 CPU = torch.device("cpu")
 PARITY_RTOL = 1e-5  # the same float32 features on both sides, averaged in another order
@@ -47,20 +48,20 @@ def _hps_reference(weights: dict, images: torch.Tensor, captions: list[str]) -> 
 
 def test_unavailable_without_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
-    assert HPSv2.check(None) == ("hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT="
+    assert HPSv2.check(None, NO_CHECKPOINTS) == ("hpsv2: no checkpoint; set ACCELBENCH_HPSV2_CHECKPOINT="
                                  "/path/to/HPS_v2.1_compressed.pt (ViT-H-14)")
     missing = tmp_path / "HPS_v2.1_compressed.pt"
     monkeypatch.setenv(CHECKPOINT_ENV, str(missing))
-    reason = HPSv2.check(None)
+    reason = HPSv2.check(None, NO_CHECKPOINTS)
     assert str(missing) in reason and CHECKPOINT_ENV in reason and "\n" not in reason
     with pytest.raises(UserError, match="not found"):  # built anyway (the runner checks first): a clear error
-        HPSv2(TEACHER, cache=Cache(tmp_path), device=CPU)
+        HPSv2(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS)
 
 
 def test_unknown_architecture_is_a_user_error(monkeypatch):
     monkeypatch.delenv(CHECKPOINT_ENV, raising=False)
     with pytest.raises(UserError, match="hpsv2@ViT-H-41: unknown open_clip architecture"):
-        HPSv2.check("ViT-H-41")
+        HPSv2.check("ViT-H-41", NO_CHECKPOINTS)
 
 
 def test_tiny_checkpoint_score_is_the_feature_diagonal(tiny_checkpoint, digits, tmp_path, monkeypatch):
@@ -70,8 +71,8 @@ def test_tiny_checkpoint_score_is_the_feature_diagonal(tiny_checkpoint, digits, 
 
     path, weights = tiny_checkpoint
     monkeypatch.setenv(CHECKPOINT_ENV, str(path))
-    assert HPSv2.check(TINY_ARCH) is None
-    metric = HPSv2(TEACHER, cache=Cache(tmp_path), device=CPU, extractor=TINY_ARCH)
+    assert HPSv2.check(TINY_ARCH, NO_CHECKPOINTS) is None
+    metric = HPSv2(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS, extractor=TINY_ARCH)
     loaded = metric.clip.model.state_dict()
     assert loaded.keys() == weights.keys() and all(torch.equal(loaded[k], weights[k]) for k in weights)
 

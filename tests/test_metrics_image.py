@@ -14,6 +14,7 @@ from core.registry import METRICS
 from metrics.inception_score import InceptionScore
 from metrics.kid import KID
 from metrics.precision_recall import Precision, Recall
+from tests.fakes import NO_CHECKPOINTS
 
 CPU = torch.device("cpu")
 TEACHER = SimpleNamespace(dataset_name="digits", image_size=16)
@@ -25,7 +26,8 @@ NO_COND = torch.zeros(360, dtype=torch.long)
 
 @pytest.fixture(scope="module")
 def metrics(cache, classifier) -> dict:
-    return {cls.name: cls(TEACHER, cache=cache, device=CPU) for cls in (KID, InceptionScore, Precision, Recall)}
+    return {cls.name: cls(TEACHER, cache=cache, device=CPU, checkpoints=NO_CHECKPOINTS)
+            for cls in (KID, InceptionScore, Precision, Recall)}
 
 
 def _score(metric, fake: torch.Tensor) -> dict[str, float]:

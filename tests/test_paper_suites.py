@@ -7,6 +7,7 @@ import yaml
 
 from cli import main
 from bench.dryrun import costs
+from tests.fakes import NO_CHECKPOINTS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_SUITES = sorted((ROOT / "suites" / "papers").glob("*.yaml"))
@@ -79,7 +80,7 @@ def test_suite_overrides_set_a_knob_in_every_trial_that_has_it(tmp_path, capsys)
     from bench.suite import load_suite
 
     path = write(tmp_path, [{"method": "dd", "params": {"steps": 2}}, {"method": "sjd", "params": {"window": 4}}])
-    suite = load_suite(path, n_samples=2, overrides={"train_steps": "3"})
+    suite = load_suite(path, checkpoints=NO_CHECKPOINTS, n_samples=2, overrides={"train_steps": "3"})
     dd, sjd = (p.trial for p in suite.plans)
     assert dd.params["train_steps"] == 3 and dd.params["steps"] == 2 and "train_steps" not in sjd.params
     assert dd.n_samples == sjd.n_samples == 2

@@ -164,12 +164,13 @@ def test_fid_against_reference_statistics_equals_fid_against_the_features_they_s
             return F.adaptive_avg_pool2d(images, 4).mean(1).flatten(1)
 
     monkeypatch.setattr(metrics.base, "load_extractor", lambda *args, **kwargs: Pixels())
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    checkpoints = tmp_path
     g = torch.Generator().manual_seed(0)
     real = torch.randn(300, 16, generator=g, dtype=torch.float64) @ torch.rand(16, 16, generator=g, dtype=torch.float64)
     np.savez(tmp_path / "stats.npz", mu=real.mean(0).numpy(), sigma=np.cov(real.numpy(), rowvar=False))
     teacher = SimpleNamespace(reference_statistics=("stats.npz", "test-ref"))
-    fid = FID(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+    fid = FID(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), checkpoints=checkpoints,
+              extractor="inception")
     images = torch.rand(100, 3, 8, 8, generator=g)
     fid.update(images, None)
     ((key, value),) = fid.compute().items()
@@ -218,7 +219,7 @@ def test_kid_precision_and_recall_against_an_adm_reference_batch(tmp_path, monke
     from metrics.precision_recall import Precision, Recall
 
     monkeypatch.setattr(metrics.base, "load_extractor", lambda *args, **kwargs: Pixels())
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    checkpoints = tmp_path
     g = torch.Generator().manual_seed(0)
     batch = torch.randint(0, 256, (40, 8, 8, 3), generator=g, dtype=torch.uint8)
     np.savez(tmp_path / "ref.npz", arr_0=batch.numpy(), mu=np.zeros(16), sigma=np.eye(16))
@@ -227,14 +228,15 @@ def test_kid_precision_and_recall_against_an_adm_reference_batch(tmp_path, monke
     real = Pixels().features(batch.permute(0, 3, 1, 2).float() / 255)
     expected = prc_features_to_metric(Pixels().features(images), real, prc_neighborhood=3, verbose=False)
     for cls, result in ((Precision, "precision"), (Recall, "recall")):
-        cls.check_teacher("t", teacher, "inception")
-        m = cls(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+        cls.check_teacher("t", teacher, "inception", checkpoints)
+        m = cls(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), checkpoints=checkpoints,
+                extractor="inception")
         m.update(images, None)
         assert m.compute() == {f"{result}.inception-v3.test-ref": pytest.approx(float(expected[result]))}
     np.savez(tmp_path / "ref.npz", mu=np.zeros(16), sigma=np.eye(16))
-    FID.check_teacher("t", teacher, "inception")
+    FID.check_teacher("t", teacher, "inception", checkpoints)
     with pytest.raises(UserError, match="ref.npz holds statistics only"):
-        Precision.check_teacher("t", teacher, "inception")
+        Precision.check_teacher("t", teacher, "inception", checkpoints)
 
 
 def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypatch):
@@ -255,11 +257,12 @@ def test_inception_score_at_paper_scale_equals_torch_fidelity(tmp_path, monkeypa
         net = FeatureExtractorInceptionV3("x", ["logits_unbiased"],
                                           feature_extractor_weights_path=tmp_path / "empty.pth")
     torch.save(net.state_dict(), tmp_path / "weights-inception-2015-12-05-6726825d.pth")
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
+    checkpoints = tmp_path
     teacher = SimpleNamespace(reference_statistics=("absent.npz", "test-ref"))  # IS reads no reference
-    InceptionScore.check("inception")
-    InceptionScore.check_teacher("t", teacher, "inception")
-    score = InceptionScore(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"), extractor="inception")
+    InceptionScore.check("inception", checkpoints)
+    InceptionScore.check_teacher("t", teacher, "inception", checkpoints)
+    score = InceptionScore(teacher, cache=Cache(tmp_path / "cache"), device=torch.device("cpu"),
+                           checkpoints=checkpoints, extractor="inception")
     images = torch.rand(12, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     score.update(images, None)
     ((key, value),) = score.compute().items()  # 12 images: one split

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
+from tests.fakes import NO_CHECKPOINTS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mdlm"
 
@@ -127,7 +128,7 @@ def test_sdtts_prompted_protocol_in_paints_the_prompts_and_scores_per_prompt(tmp
     out = md.sample_teacher(teacher, cond, md.SamplingConfig(steps=4), generator=torch.Generator().manual_seed(1))
     assert out.data.shape == (10, 100) and torch.equal(out.data[:, :50], cond) and out.counters["tokens"] == 500
     texts = teacher.decode(out.data)
-    metric = SelfBLEU(teacher, cache=None, device=torch.device("cpu"))
+    metric = SelfBLEU(teacher, cache=None, device=torch.device("cpu"), checkpoints=NO_CHECKPOINTS)
     metric.update(texts, cond)
     ((key, value),) = metric.compute().items()
     smooth, expected = SmoothingFunction().method1, []

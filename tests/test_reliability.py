@@ -2,6 +2,7 @@
 sample memory. Cache integrity: tests/test_cache.py; killed sweep workers: tests/test_soak.py."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from bench.suite import load_suite
 from core.trial import Trial
 from methods.teacher_samplers import ARSampler
 from sweeps.spec import load_spec
+from tests.fakes import NO_CHECKPOINTS
 
 
 def runs(uri: str, experiment: str = "accelbench"):
@@ -66,7 +68,9 @@ DOCUMENTS = st.one_of(VALUES, st.dictionaries(NAMES, VALUES, max_size=8))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(doc=DOCUMENTS, loader=st.sampled_from([load_suite, load_spec, Trial.from_yaml]))
+@given(doc=DOCUMENTS, loader=st.sampled_from([functools.partial(load_suite, checkpoints=NO_CHECKPOINTS),
+                                              functools.partial(load_spec, checkpoints=NO_CHECKPOINTS),
+                                              Trial.from_yaml]))
 def test_fuzzed_yaml_files_load_or_fail_with_one_clean_error(plugin, tmp_path, doc, loader):
     path = tmp_path / "fuzz.yaml"
     path.write_text(yaml.safe_dump(doc))

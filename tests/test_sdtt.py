@@ -11,7 +11,7 @@ from core.cache import Cache
 from core.errors import UserError
 from methods.sdtt import SDTT, SDTTConfig, divergence, teacher_targets
 from teachers.families import masked_diffusion as md
-from tests.fakes import make_config, tiny_mdlm_teacher
+from tests.fakes import NO_CHECKPOINTS, make_config, tiny_mdlm_teacher
 
 P = torch.tensor([[0.5, 0.5, 0.0], [0.9, 0.1, 0.0]])  # student, 2 tokens over {a, b, MASK}
 Q = torch.tensor([[0.25, 0.75, 0.0], [0.5, 0.5, 0.0]])  # target
@@ -82,7 +82,7 @@ def test_a_round_brings_the_students_step_closer_to_two_teacher_steps(kind, fact
                       lr_warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     after = _objective(method.denoise, trained_teacher, cfg)
     assert after < factor * before, (before, after)
 
@@ -97,7 +97,7 @@ def test_a_wrong_sign_divergence_moves_the_student_away(trained_teacher, tmp_pat
                       lr_warmup=10, ema=0.0, ar_arm=False)
     before = _objective(trained_teacher.denoise, trained_teacher, cfg)
     method = SDTT(trained_teacher, cfg)
-    method.fit(cache=Cache(tmp_path))
+    method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)
     monkeypatch.setattr(sdtt, "divergence", real)
     assert _objective(method.denoise, trained_teacher, cfg) > before
 
@@ -111,12 +111,13 @@ def test_rounds_are_cached_and_a_longer_run_reuses_them(tmp_path, monkeypatch):
     real = SDTT._round
     monkeypatch.setattr(SDTT, "_round", lambda self, r, *a: trained.append(r) or real(self, r, *a))
     one = SDTT(teacher, make_config(SDTTConfig, rounds=1, **fast))
-    assert one.fit(cache=cache)["student_cached"] == 0.0 and trained == [1]
-    two = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast)).fit(cache=cache)
+    assert one.fit(cache=cache, checkpoints=NO_CHECKPOINTS)["student_cached"] == 0.0 and trained == [1]
+    two = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast)).fit(cache=cache, checkpoints=NO_CHECKPOINTS)
     assert two["student_cached"] == 0.0 and trained == [1, 2]  # round 1's full state reused: only round 2 trained
     assert two["round2_teacher_steps"] == 4.0
     out = SDTT(teacher, make_config(SDTTConfig, rounds=2, **fast))
-    assert out.fit(cache=cache)["student_cached"] == 1.0 and trained == [1, 2]  # the EMA entry: nothing trained
+    # the EMA entry: nothing trained
+    assert out.fit(cache=cache, checkpoints=NO_CHECKPOINTS)["student_cached"] == 1.0 and trained == [1, 2]
     assert {p.parent.name for p in tmp_path.rglob("*.pt")} == {"sdtt-students", "sdtt-ema"}
     s = out.sample(torch.zeros(4, 0, dtype=torch.long), generator=torch.Generator().manual_seed(0))
     assert s.counters["nfe"] in (4 * 2, 4 * 3)  # 8 / 2^2 steps (+ noise removal)

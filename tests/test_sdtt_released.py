@@ -23,10 +23,9 @@ REVISION = "baselines_kld_step_70000"
 MASK = 50  # the fixture's stand-in tokenizer has 50 tokens
 
 
-@pytest.fixture
-def fixture_checkpoints(monkeypatch):
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(FIXTURES))
-    return FIXTURES
+def student_config(checkpoints: Path, **knobs) -> SDTTConfig:
+    """An `SDTTConfig` of these knobs completed by its released student's files in `checkpoints`, as `plan` does."""
+    return SDTT.with_files(make_config(SDTTConfig, **knobs), checkpoints)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,7 @@ def fx():
 
 
 def _network() -> MDLMDiT:
-    release = released.read(REVISION)
+    release = released.read(FIXTURES / REVISION)
     return release.network(release.network_config())
 
 
@@ -44,15 +43,15 @@ def _sample(net, step, seed):
                                md.SamplingConfig(steps=6), generator=torch.Generator().manual_seed(seed), step=step)
 
 
-def test_the_released_folder_is_read_as_its_revision_says(fixture_checkpoints):
-    release = released.read(REVISION)
+def test_the_released_folder_is_read_as_its_revision_says():
+    release = released.read(FIXTURES / REVISION)
     assert (release.divergence, release.round, release.distill_steps, release.first_steps) == ("kld", 7, 2, 1024)
-    cfg = make_config(SDTTConfig, student=REVISION)
+    cfg = student_config(FIXTURES, student=REVISION)
     # the round-7 reverse-KL student, distilled for 1024 / 2^7 steps; the reference arm keeps the teacher's steps
     assert (cfg.divergence, cfg.rounds, cfg.student_sampling.steps, cfg.sampling.steps) == ("kld", 7, 8, 64)
-    assert make_config(SDTTConfig, student=REVISION, student_steps=16).student_sampling.steps == 16
-    with pytest.raises(UserError, match=r"has rounds=7 \(its release\); got rounds=5"):
-        make_config(SDTTConfig, student=REVISION, rounds=5)
+    assert student_config(FIXTURES, student=REVISION, student_steps=16).student_sampling.steps == 16
+    with pytest.raises(ValueError, match=r"has rounds=7 \(its release\); got rounds=5"):
+        student_config(FIXTURES, student=REVISION, rounds=5)
 
 
 def test_a_student_of_another_teacher_is_tagged(tmp_path, monkeypatch):
@@ -63,14 +62,13 @@ def test_a_student_of_another_teacher_is_tagged(tmp_path, monkeypatch):
     config["parameterization"]["checkpoint_path"] = "outputs/openwebtext/mdlm_sm/checkpoints/0-400000.ckpt"
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes((FIXTURES / REVISION / "model.safetensors").read_bytes())
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
-    method = SDTT(object(), make_config(SDTTConfig, student=folder.name))
+    method = SDTT(object(), student_config(tmp_path, student=folder.name))
     assert method.config.rounds == 5 and "sdtt_released_teacher" not in method.caveats()
-    method.release = released.read(folder.name)
+    method.release = released.read(folder)
     assert method.caveats()["sdtt_released_teacher"].endswith("0-400000.ckpt, not MDLM-OWT")
 
 
-def test_the_official_logits_and_log_probs_are_reproduced(fixture_checkpoints, fx):
+def test_the_official_logits_and_log_probs_are_reproduced(fx):
     """Measured: logits 0.0 (the same float32 operations), SUBS log-probs of the real tokens 9.5e-7."""
     net = _network()
     with torch.no_grad():
@@ -82,7 +80,7 @@ def test_the_official_logits_and_log_probs_are_reproduced(fixture_checkpoints, f
     assert logp[..., MASK].max() <= -1e5 and fx["subs_logp"][..., MASK].max() <= -1e5
 
 
-def test_the_official_samples_are_reproduced_token_for_token_by_the_released_draw(fixture_checkpoints, fx):
+def test_the_official_samples_are_reproduced_token_for_token_by_the_released_draw(fx):
     """`MultiRoundSDTT.sample` after torch.manual_seed(7) against the family's sampler with `released_draw` and a
     generator seeded 7 (the same uniforms, in the same order); the exact float64 draw, another law of the same
     distribution, gives other tokens."""
@@ -92,7 +90,7 @@ def test_the_official_samples_are_reproduced_token_for_token_by_the_released_dra
     assert not torch.equal(_sample(net, None, fx["sample_seed"]).data, fx["samples"])
 
 
-def test_broken_variants_do_not_reproduce_them(fixture_checkpoints, fx):
+def test_broken_variants_do_not_reproduce_them(fx):
     """Interleaved rotary pairs instead of flash-attn's half split, and a wrong key mapping (blocks swapped)."""
     import teachers.networks.mdlm_dit as mdlm_dit
     from teachers.networks.mdlm import rotate as pairwise
@@ -127,8 +125,7 @@ def test_a_file_with_other_keys_is_one_line(rename, says, tmp_path, monkeypatch)
     (folder / "config.json").write_text((FIXTURES / REVISION / "config.json").read_text())
     state = load_file(FIXTURES / REVISION / "model.safetensors")
     save_file({rename(k): v for k, v in state.items()}, folder / "model.safetensors")
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
-    release = released.read(REVISION)
+    release = released.read(folder)
     with pytest.raises(UserError) as err:
         release.network(release.network_config())
     assert "\n" not in str(err.value) and says in str(err.value), err.value
@@ -139,22 +136,21 @@ def test_a_mismatched_or_missing_student_is_one_line(tmp_path, monkeypatch):
 
     write_sdtt_checkpoints(tmp_path)
     write_sdtt_student(tmp_path, "baselines_mse_step_20000", distill_mode="mse", hidden_size=16)
-    monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
-    cfg = make_config(SDTTConfig, student="baselines_mse_step_20000", ar_arm=False)
+    cfg = student_config(tmp_path, student="baselines_mse_step_20000", ar_arm=False)
     assert (cfg.divergence, cfg.rounds, cfg.student_sampling.steps) == ("mse", 2, 256)
     with pytest.raises(UserError) as err:
-        SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None)
+        SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None, checkpoints=tmp_path)
     assert "\n" not in str(err.value)
     assert f"sdtt student {tmp_path / 'baselines_mse_step_20000'}: its hidden_size is 16" in str(err.value)
     # without its files, a student is what its folder's name says (a dry run lists the files; plan refuses them)
-    cfg = make_config(SDTTConfig, student="baselines_kld_step_70000")
+    cfg = student_config(tmp_path, student="baselines_kld_step_70000")
     assert (cfg.rounds, cfg.student_sampling.steps, SDTT.trains(cfg)) == (7, 8, False)
-    lines = list(SDTT.required_files(cfg).values())
+    lines = list(SDTT.required_files(cfg, tmp_path).values())
     assert [line.split(":")[0] for line in lines] == [f"missing {tmp_path}/baselines_kld_step_70000/{f}"
                                                        for f in ("config.json", "model.safetensors")]
     assert all("--checkpoints" in line and "\n" not in line for line in lines)
     with pytest.raises(UserError) as err:
-        SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None)
+        SDTT(tiny_mdlm_owt_teacher(), cfg).fit(cache=None, checkpoints=tmp_path)
     assert str(err.value) == lines[0]
 
 

@@ -16,6 +16,7 @@ from cli import main
 from bench.tracking import Tracker
 from sweeps.spec import load_spec
 from sweeps.study import StorageOptions, make_storage, open_study
+from tests.fakes import NO_CHECKPOINTS
 
 N_TRIALS = 50
 KILLS = 4
@@ -37,7 +38,7 @@ def test_soak_fifty_trials_two_workers_random_kills(plugin, tmp_path, pg_databas
         "objectives": [{"metric": "speedup_steps", "direction": "maximize"}]}))
     mlflow = f"sqlite:///{tmp_path}/mlflow.db"
     tracker = Tracker(mlflow, "accelbench-sweeps")
-    open_study(load_spec(str(spec)), make_storage(StorageOptions(pg_database)), tracker)
+    open_study(load_spec(str(spec), checkpoints=NO_CHECKPOINTS), make_storage(StorageOptions(pg_database)), tracker)
     workers = [_worker(tmp_path, str(spec), pg_database, mlflow) for _ in range(2)]
     storage = make_storage(StorageOptions(pg_database))
     rng, kills, deadline = random.Random(0), 0, time.time() + 400

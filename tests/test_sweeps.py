@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from cli import main
 from core.errors import UserError
 from sweeps.spec import load_spec
+from tests.fakes import NO_CHECKPOINTS
 
 
 
@@ -60,7 +61,7 @@ def mlflow_runs(uri):
 ])
 def test_bad_specs_are_refused(tmp_path, extra, message):
     with pytest.raises(UserError, match=message):
-        load_spec(spec_file(tmp_path, **extra))
+        load_spec(spec_file(tmp_path, **extra), checkpoints=NO_CHECKPOINTS)
 
 
 def test_sqlite_sweep_logs_parent_and_children_and_resumes(tmp_path, capsys):
@@ -151,7 +152,8 @@ def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
 
     slow = spec_file(tmp_path, n_trials=4, study="slow",
                      base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
-    open_study(load_spec(slow), make_storage(StorageOptions(storage)), Tracker(mlflow, "accelbench-sweeps"))
+    open_study(load_spec(slow, checkpoints=NO_CHECKPOINTS), make_storage(StorageOptions(storage)),
+               Tracker(mlflow, "accelbench-sweeps"))
     procs = _run_workers(tmp_path, slow, storage, 2, mlflow)
     victim = None
     deadline = time.time() + 60
@@ -180,11 +182,12 @@ def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
 
 def test_constraints_bound_a_metric_on_its_bad_side_of_the_teacher_arm(tmp_path):
     spec = load_spec(spec_file(tmp_path, constraints=[{"metric": "fid.digits-cnn", "max_over_ref": 1.0},
-                                                      {"metric": "entropy.tokens", "min_under_ref": 0.1}]))
+                                                      {"metric": "entropy.tokens", "min_under_ref": 0.1}]),
+                     checkpoints=NO_CHECKPOINTS)
     ceiling, floor = spec.constraints
     assert ceiling.violation(3.4, 2.5) < 0 < ceiling.violation(3.6, 2.5)  # FID may exceed the teacher's by 1.0
     assert floor.violation(3.95, 4.0) < 0 < floor.violation(3.85, 4.0)  # entropy may fall 0.1 below it
     for bad in ({"metric": "fid.digits-cnn"}, {"metric": "x", "max_over_ref": 1, "min_under_ref": 1},
                 {"metric": "x", "max_over_ref": "1"}, {"metric": "x", "min_under_ref": 1, "typo": 2}):
         with pytest.raises(UserError, match="one numeric 'max_over_ref' or 'min_under_ref'"):
-            load_spec(spec_file(tmp_path, constraints=[bad]))
+            load_spec(spec_file(tmp_path, constraints=[bad]), checkpoints=NO_CHECKPOINTS)

@@ -8,6 +8,7 @@ import yaml
 
 from core.cache import PROJECT_ZOO, Cache, ModelZoo
 from bench.suite import load_suite
+from tests.fakes import NO_CHECKPOINTS
 from bench.zoo_build import DEMO_SUITE, ZOO_KINDS, build, distinct, prepare
 
 ZOO_LIMIT_MB = 60
@@ -30,14 +31,14 @@ def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_r
         {"teacher": "digits-ar-c2i", "method": "dd",
          "params": {"n_pairs": 32, "train_steps": 2, "batch": 8, "solver_steps": 2}},
         {"teacher": "digits-ar-c2i", "method": "onestep*", "params": {"n_pairs": 32, "solver_steps": 2}}]}))
-    manifest = build(load_suite(str(suite)), tmp_path / "zoo", progress=False)
+    manifest = build(load_suite(str(suite), checkpoints=NO_CHECKPOINTS), tmp_path / "zoo", progress=False)
     kinds = sorted({e["kind"] for e in manifest["entries"]})
     assert kinds == ["dd-pairs", "dd-students", "teachers"] and len(manifest["entries"]) == 4
     (pairs,) = [e for e in manifest["entries"] if e["kind"] == "dd-pairs"]
     assert pairs["what"] == "DD pair tokens (Alg. 1)" and pairs["for"] == [
         "dd[steps=1,t2=0,ts=0] digits-ar-c2i", "onestep*[n_pairs=32] digits-ar-c2i"]
     assert json.loads((tmp_path / "zoo" / "manifest.json").read_text()) == manifest
-    plans = distinct(load_suite(str(suite)).plans)
+    plans = distinct(load_suite(str(suite), checkpoints=NO_CHECKPOINTS).plans)
     cache = ZooOnly(tmp_path / "cache", zoo=ModelZoo(tmp_path / "zoo"))
     for p in plans:
         prepare(p, cache)  # nothing of the zoo's kinds is built: all four entries came from it
@@ -53,5 +54,5 @@ def test_the_shipped_zoo_holds_what_the_demo_needs(tmp_path):
     assert manifest["total_xz_bytes"] <= ZOO_LIMIT_MB * 2**20
     assert sum((PROJECT_ZOO / e["file"]).stat().st_size for e in manifest["entries"]) == manifest["total_xz_bytes"]
     cache = ZooOnly(tmp_path, zoo=ModelZoo(PROJECT_ZOO))
-    for p in distinct(load_suite(str(DEMO_SUITE)).plans):
+    for p in distinct(load_suite(str(DEMO_SUITE), checkpoints=NO_CHECKPOINTS).plans):
         prepare(p, cache)

@@ -15,7 +15,7 @@ import csv
 import os
 from pathlib import Path
 
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV
 from core.errors import UserError
 from core.files import read_json, read_text
 
@@ -24,11 +24,11 @@ COCO_CAPTIONS = "captions_val2017.json"
 FORMATS = (".json", ".tsv", ".txt")
 
 
-def prompt_file() -> Path:
+def prompt_file(checkpoints: Path) -> Path:
     """`$ACCELBENCH_PROMPTS`, else `captions_val2017.json` in the checkpoints folder."""
     if os.environ.get(PROMPTS_ENV):
         return Path(os.environ[PROMPTS_ENV]).expanduser()
-    return checkpoint_dir() / COCO_CAPTIONS
+    return checkpoints / COCO_CAPTIONS
 
 
 def missing_prompts(path: Path) -> str | None:

@@ -12,18 +12,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir
+from core.cache import CHECKPOINTS_ENV
 from core.errors import UserError
 
 REFERENCES = 1024  # MAUVE's reference documents (SDTT)
 
 
-def path(split: str, root: Path | None = None) -> Path:
-    """The split's file in `root`, by default the checkpoints folder."""
-    return (root or checkpoint_dir()) / f"webtext.{split}.jsonl"
+def path(split: str, root: Path) -> Path:
+    """The split's file in `root`, the checkpoints folder."""
+    return root / f"webtext.{split}.jsonl"
 
 
-def missing(split: str, why: str, root: Path | None = None) -> str | None:
+def missing(split: str, why: str, root: Path) -> str | None:
     p = path(split, root)
     if p.is_file():
         return None
@@ -31,7 +31,7 @@ def missing(split: str, why: str, root: Path | None = None) -> str | None:
             f"{p.parent} or name its folder with --checkpoints or {CHECKPOINTS_ENV}")
 
 
-def documents(split: str, why: str, root: Path | None = None) -> list[str]:
+def documents(split: str, why: str, root: Path) -> list[str]:
     reason = missing(split, why, root)
     if reason:
         raise UserError(reason)
@@ -63,7 +63,7 @@ def _texts(file: Path):
         raise UserError(f"{file}: cannot read it ({exc.strerror or exc})") from None
 
 
-def reference_texts(tokenizer, n_tokens: int, why: str, root: Path | None = None) -> list[str]:
+def reference_texts(tokenizer, n_tokens: int, why: str, root: Path) -> list[str]:
     """MAUVE's reference side: the first `REFERENCES` test documents of at least `n_tokens` tokens, cut to
     `n_tokens` and decoded."""
     out = []

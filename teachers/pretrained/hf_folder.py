@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from core import files
-from core.cache import Cache, checkpoint_dir
+from core.cache import Cache
 from core.training import library_bars
 from teachers.data import webtext
 from core.checkpoints import from_folder
@@ -34,15 +34,15 @@ def is_folder_name(name: str) -> bool:
     return name.startswith(PREFIX) and len(name) > len(PREFIX)
 
 
-def folder(name: str) -> Path:
+def folder(name: str, checkpoints: Path) -> Path:
     """`hf:<folder>` -> the folder: a path, or a name inside the checkpoints folder."""
     path = Path(name[len(PREFIX) :]).expanduser()
-    return path.absolute() if path.is_absolute() or path.exists() else checkpoint_dir() / path
+    return path.absolute() if path.is_absolute() or path.exists() else checkpoints / path
 
 
-def check(name: str) -> None:
+def check(name: str, checkpoints: Path) -> None:
     """Refuse, in one line, a folder without the files `save_pretrained` writes (listed in a dry run)."""
-    cls = teacher_class(name)
+    cls = teacher_class(name).at(checkpoints)
     reason = cls.unavailable()
     for path in cls.files():
         files.require(path, reason or "")
@@ -62,19 +62,19 @@ class HFFolderLM(LocalFilesTeacher, HFCausalLMTeacher):
     @property
     def evaluator_name(self) -> str:
         """The model's name in metric keys: its folder's (gen_ppl.gpt2-large)."""
-        return folder(self.folder_name).name
+        return folder(self.folder_name, self.root()).name
 
     @classmethod
     def local_files(cls) -> tuple[str, ...]:
         """The folder's configuration and tokenizer, by its absolute path where it is not in the checkpoints
         folder."""
-        path = folder(cls.folder_name)
+        path = folder(cls.folder_name, cls.root())
         return tuple(str(path / needed) for needed in ("config.json", "tokenizer_config.json"))
 
     @classmethod
     def hint(cls) -> str:
-        return (f"the Hugging Face causal LM folder {folder(cls.folder_name).name} (save_pretrained's files; or give "
-                f"its path after {PREFIX!r})")
+        return (f"the Hugging Face causal LM folder {folder(cls.folder_name, cls.root()).name} (save_pretrained's "
+                f"files; or give its path after {PREFIX!r})")
 
     @classmethod
     def key_parts(cls) -> tuple:
@@ -83,15 +83,15 @@ class HFFolderLM(LocalFilesTeacher, HFCausalLMTeacher):
     @classmethod
     def key_files(cls) -> tuple[Path, ...]:
         """Every file of the folder: its weights are in any of the formats `save_pretrained` writes."""
-        path = folder(cls.folder_name)
+        path = folder(cls.folder_name, cls.root())
         return tuple(sorted(path.iterdir())) if path.is_dir() else (path,)
 
     @classmethod
     def load(cls, name: str, *, cache: Cache, device: torch.device) -> "HFFolderLM":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        check(name)
-        path = folder(name)
+        check(name, cls.root())
+        path = folder(name, cls.root())
         with library_bars():
             network = from_folder(AutoModelForCausalLM.from_pretrained, path, dtype=torch.float32).to(device)
             tokenizer = from_folder(AutoTokenizer.from_pretrained, path)
@@ -107,4 +107,4 @@ class HFFolderLM(LocalFilesTeacher, HFCausalLMTeacher):
 
     @functools.cached_property
     def _references(self) -> list[str]:
-        return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}")
+        return webtext.reference_texts(self.tokenizer, self.seq_len, f"mauve on teacher {self.name}", self.root())

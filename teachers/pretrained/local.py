@@ -9,19 +9,40 @@ every loader refuses a missing file in the same words and keys its weights by th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from core.cache import CHECKPOINTS_ENV, checkpoint_dir, config_key, file_key
+from core.cache import CHECKPOINTS_ENV, config_key, file_key
 from core.errors import UserError
+
+_BOUND: dict[tuple[type, Path], type] = {}
 
 
 class LocalFilesTeacher:
-    """A mixin over a family's teacher class: the files of a teacher loaded from the checkpoints folder."""
+    """A mixin over a family's teacher class: the files of a teacher loaded from the checkpoints folder.
+
+    The registered class names no folder; `at(checkpoints)` is the class reading the files of that folder
+    (`teachers.teacher_class`, with the folder the user gave as `--checkpoints`)."""
+
+    checkpoints: ClassVar[Path | None] = None
+
+    @classmethod
+    def at(cls, checkpoints: Path) -> type:
+        """This teacher reading its files in `checkpoints`: one subclass per (class, folder), so that each is also
+        one entry of `teachers.load_teacher`'s per-process cache."""
+        key = (cls, Path(checkpoints))
+        if key not in _BOUND:
+            _BOUND[key] = type(cls.__name__, (cls,), {"checkpoints": Path(checkpoints), "__doc__": cls.__doc__,
+                                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        return _BOUND[key]
 
     @classmethod
     def root(cls) -> Path:
-        """The folder `local_files` are in: the checkpoints folder (a test's fake reads its tiny files elsewhere)."""
-        return checkpoint_dir()
+        """The folder `local_files` are in: the checkpoints folder this class was bound to (a test's fake reads its
+        tiny files elsewhere)."""
+        if cls.checkpoints is None:
+            raise TypeError(f"{cls.__name__} names no checkpoints folder: use {cls.__name__}.at(folder) "
+                            f"(teachers.teacher_class)")
+        return cls.checkpoints
 
     @classmethod
     def local_files(cls) -> tuple[str, ...]:

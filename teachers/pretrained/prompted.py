@@ -51,7 +51,7 @@ class PromptSet:
 
     @classmethod
     def prompt_path(cls) -> Path:
-        return prompt_file()
+        return prompt_file(cls.root())
 
     @classmethod
     def files(cls) -> tuple[Path, ...]:
