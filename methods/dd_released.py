@@ -74,6 +74,11 @@ class ReleasedStudent(nn.Module):
 
     codebook: torch.Tensor
 
+    def keep_codebook(self, codebook: torch.Tensor) -> None:
+        """The teacher's code vectors, kept out of the state dict: the released files hold none (a VQ's codebook is
+        an `nn.Parameter`, which a plain attribute would register as a key the release lacks)."""
+        self.register_buffer("codebook", codebook.detach(), persistent=False)
+
     def step(self, labels: torch.Tensor, x: torch.Tensor, known: int, split: int) -> torch.Tensor:
         """One released DD step: X_t (B, L, C) with `known` tokens -> the continuous sequence (B, L, C): the codes
         of the logits head's argmax before `split` tokens (the known tokens' own codes), the embedding head (the
@@ -120,7 +125,7 @@ class ReleasedVARDD(ReleasedStudent):
         sees = (level[None, :] < level[:, None]) | torch.eye(L, dtype=torch.bool)
         self.register_buffer("attn_bias", torch.where(sees, 0.0, -torch.inf)[None, None], persistent=False)
         self.ends = [0, *itertools.accumulate(pn * pn for pn in cfg.patch_nums)]  # tokens of the first t scales
-        self.codebook = codebook
+        self.keep_codebook(codebook)
 
     def forward(self, labels: torch.Tensor, x: torch.Tensor, known: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`DD_Model.forward`: labels (B,), X_t (B, L, Cvae) with `known` tokens (whole scales: the code's t scales)
@@ -159,7 +164,7 @@ class ReleasedLlamaGenDD(ReleasedStudent):
         self.final_layer_conti = FinalLayer(d, C)
         self.n_d_embed = nn.Embedding(2, d)  # 0: noise, 1: data
         self.register_buffer("rope", network.rope.clone(), persistent=False)  # the class token's rotation is zero
-        self.codebook = codebook
+        self.keep_codebook(codebook)
 
     def forward(self, labels: torch.Tensor, x: torch.Tensor, known: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`DDTransformer.forward`: labels (B,), X_t (B, N, C) with `known` tokens -> embeddings (B, N, C), logits
@@ -194,23 +199,30 @@ def load(path: Path, teacher) -> ReleasedStudent:
     """The released student in `path` at the size of `teacher`'s network (a file of another size is one line), its
     EMA weights loaded strictly but for the buffers computed here, on the teacher's device."""
     var = teacher.family is multiscale_vq.FAMILY
-    cls, wrappers, names = ((ReleasedVARDD, VAR_WEIGHTS, "VAR-DD/var-d16.pth ... var-d24.pth") if var else
-                            (ReleasedLlamaGenDD, TOKEN_WEIGHTS, "LlamaGen-DD/llamagen-B.pt, llamagen-L.pt"))
+    wrappers, names = ((VAR_WEIGHTS, "VAR-DD/var-d16.pth ... var-d24.pth") if var else
+                       (TOKEN_WEIGHTS, "LlamaGen-DD/llamagen-B.pt, llamagen-L.pt"))
     blob = read_state_dict(path, ())
     for key in wrappers:
         if not isinstance(blob, dict) or not isinstance(blob.get(key), dict):
             raise UserError(f"dd student {path}: not a released DD file (no {' -> '.join(wrappers)}; the released "
                             f"files are {names} of microsoft/distilled_decoding)")
         blob = blob[key]
-    state = {k: v for k, v in blob.items() if k.rsplit(".", 1)[-1] not in BUFFERS}
+    return from_state(blob, teacher, path.name)
+
+
+def from_state(state: dict[str, torch.Tensor], teacher, name: str) -> ReleasedStudent:
+    """The released student of a state dict in the release's keys (`DD_Model.state_dict()` or `DDTransformer`'s)
+    on `teacher`'s network and device; `name` (the file) is what a mismatch names."""
+    cls = ReleasedVARDD if teacher.family is multiscale_vq.FAMILY else ReleasedLlamaGenDD
+    state = {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] not in BUFFERS}
     with seeded(0), torch.device(teacher.codebook.device):  # the init is overwritten; leave the global RNG alone
         net = cls(teacher.network, teacher.codebook)
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape
-        raise UserError(f"dd student {path.name} does not fit teacher {teacher.name!r}: {mismatch(exc)}") from None
+        raise UserError(f"dd student {name} does not fit teacher {teacher.name!r}: {mismatch(exc)}") from None
     missing = [k for k in missing if k.rsplit(".", 1)[-1] not in BUFFERS]
     if missing or unexpected:
-        raise UserError(f"dd student {path.name} does not fit teacher {teacher.name!r}: missing keys "
+        raise UserError(f"dd student {name} does not fit teacher {teacher.name!r}: missing keys "
                         f"{missing[:5]}, unexpected keys {unexpected[:5]}")
     return net.eval().requires_grad_(False)

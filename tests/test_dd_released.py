@@ -90,6 +90,18 @@ def test_full_size_key_sets_are_the_released_ones(depth):
     assert abs(params / paper - 1) < 0.005
 
 
+def test_a_full_size_release_loads_on_the_real_teachers_codebook():
+    """VAR-d16-DD's state dict with exactly the release's keys and shapes (var_dd_keys.json, listed by the official
+    code, buffers included) loads on a d16 teacher whose codebook is the VQ's `nn.Parameter`, as the real teacher's
+    is; a student keeping that parameter as its own key refused every released file ("missing keys ['codebook']")."""
+    official = json.loads((FIXTURES / "var_dd_keys.json").read_text())["var-d16"]
+    with torch.device("meta"):
+        state = {k: torch.empty(shape) for k, shape in official.items()}
+        teacher = var_like(VAR(VARConfig(depth=16)), torch.nn.Parameter(torch.empty(4096, 32)), "var-d16")
+        net = dd_released.from_state(state, teacher, "var-d16.pth")
+    assert "codebook" not in net.state_dict() and net.codebook.shape == (4096, 32)
+
+
 def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_path):
     teacher = var_like(VAR(TINY), official["codebook"])
     torch.save(official["state_dict"], tmp_path / "raw.pth")
@@ -119,7 +131,11 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     with torch.no_grad():
         for p in net.parameters():  # every part of the network in play (several are zero at init)
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    write_release(tmp_path / "var-dd-tiny.pth", net.state_dict())
+    # the file holds exactly the keys `DD_Model.state_dict()` writes at this depth (the official fixture's), the
+    # buffers the official model saves included; never what our own class would write
+    state = {**net.state_dict(), "lvl_1L": net.lvl_1L, "attn_bias_for_masking": net.attn_bias}
+    assert set(state) == set(torch.load(FIXTURES / "var_dd_tiny_parity.pt", weights_only=True)["state_dict"])
+    write_release(tmp_path / "var-dd-tiny.pth", state)
     store = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["run", "--teacher", "tiny-var", "--method", "dd", "--n-samples", "4", "--batch-size", "2",
             "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "rel", "--warmup", "0",
