@@ -18,6 +18,12 @@ Three modes (docs/methods/cspd.md, 'Modes and knobs'):
   discarded (each round advances gamma tokens), Sigma inverted (prod sigma_p / prod sigma_q) and the acceptance
   exponent divided by `inner_temperature` (42).
 
+`align` (default on) is the trajectory alignment of Sec. 3.2: the draft denoises on the target's noise. Off, the draft
+draws its own x_T and eps_t (Table 4's "w/o align"); the acceptance keeps Eq. 9's form (docs/methods/cspd.md,
+'Modes and knobs').
+Every verification adds ||x^q - x^p||^2 of each drafted token and the target's own token at its position to the
+counter `draft_target_sqdist` (Table 4's E||x^q - x^p||^2 is it divided by the `drafts` counter).
+
 This file holds the configs and the registered method, which runs the loop of its teacher's family:
 `methods.cspd_causal` (`continuous_ar`) or `methods.cspd_masked` (`masked_ar`, MAR), both verifying with
 `methods.cspd_verify` (Eq. 8-13).
@@ -44,6 +50,7 @@ class CSpDConfig:
     mode: str = "exact"
     max_tries: int = 100  # residual-sampling proposals per rejected token before giving up (counted)
     inner_temperature: float = 42.0  # `released` only: the released code's divisor of the acceptance exponent
+    align: bool = True  # the draft denoises on the target's noise (Sec. 3.2); False: its own (Table 4 "w/o align")
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -75,7 +82,7 @@ class CSpD(Method):
     headline = True
     families = (continuous_ar.FAMILY, masked_ar.FAMILY)
     Config = CSpDConfig
-    key_knobs = ("mode", "gamma", "prefill")
+    key_knobs = ("mode", "gamma", "prefill", "align")
     window_knob = "gamma"
 
     @classmethod

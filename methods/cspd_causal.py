@@ -9,6 +9,7 @@ draft is accepted) and roll both caches back to the committed tokens, each row a
 replaces every draft on its own, so rows advance gamma tokens in lockstep and re-read from the first replaced one.
 Here the target reads the drafts, as the paper's text says of MAR, where the released MAR code conditions it on the
 verified prefix only (`caveat.cspd_released_conditioning`).
+With `align` off (Table 4 "w/o align") the draft denoises on its own noise, drawn after the target's.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def sample(teacher, config, cond: torch.Tensor, generator: torch.Generator) -> S
     cfg, t = config, teacher
     B, N, D, s = len(cond), t.seq_len, t.token_dim, cfg.sampling
     noise = TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # as the target-alone sampler draws it
+    own = noise if cfg.align else TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # the draft's noise
     tokens = torch.empty(B, N, D, device=cond.device)
     c = Counter(tokens=B * N, nfe=B, draft_nfe=B)  # the two condition prefills
     n_pre = min(N, math.floor(N * cfg.prefill) + 1)
@@ -46,7 +48,7 @@ def sample(teacher, config, cond: torch.Tensor, generator: torch.Generator) -> S
     pending = tokens[rows, n_pre - 1 : n_pre]  # (M, k, D)
     while len(rows):
         M, k, g = len(rows), pending.shape[1], min(cfg.gamma, int((N - length).min()))
-        drafts, q = _draft(t.draft, s, drf, pending, rows, length, g, noise, c)
+        drafts, q = _draft(t.draft, s, drf, pending, rows, length, g, own, c)
         z = t.target.extend(tgt, torch.cat([pending, drafts], 1))[:, k - 1 :]  # (M, g+1, branches, d)
         x_T, eps = noise.at(rows[:, None].expand(M, g), length[:, None] + torch.arange(g, device=cond.device))
         p = unflatten(t.target.denoise(z[:, :g].flatten(0, 1), x_T.flatten(0, 1), eps.flatten(0, 1), s), M)

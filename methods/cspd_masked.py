@@ -11,6 +11,8 @@ The first floor(K * prefill) + 1 of the K steps come from the target alone (the 
 - `exact` and `paper` need one token per step (num_iter 0): the target's law of step i given the prefix and drafts
   1..i-1 comes from one batched pass over gamma + 1 known sets (docs/methods/cspd.md), then Leviathan's truncation,
   which makes `exact` lossless against `sample_mar` on the same order and noise.
+The draft denoises on the target's noise (alignment), or, with `align` off (Table 4 "w/o align"), on its own, drawn
+after the order.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def sample(teacher, config, cond: torch.Tensor, generator: torch.Generator) -> S
     B, N, D, s = len(cond), t.seq_len, t.token_dim, cfg.sampling
     noise = TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # as `sample_mar` draws them
     order = masked_ar.GenerationOrder.draw(B, N, s.iterations(N), generator, cond.device)
+    own = noise if cfg.align else TokenNoise.draw(B, N, D, s.steps, generator, cond.device)  # the draft's noise
     K, scales = order.n_steps, order.cfg_scales(s)
     tokens = torch.zeros(B, N, D, device=cond.device)
     known = torch.zeros(B, N, dtype=torch.bool, device=cond.device)
@@ -39,9 +42,9 @@ def sample(teacher, config, cond: torch.Tensor, generator: torch.Generator) -> S
     for k in range(n_pre):  # token pre-filling: the target alone, on the same noise
         _step(t.target, s, tokens, known, cond, order, k, scales, noise)
     if cfg.mode == "released":
-        _released_windows(t, cfg, tokens, known, cond, order, n_pre, scales, noise, generator, c)
+        _released_windows(t, cfg, tokens, known, cond, order, n_pre, scales, noise, own, generator, c)
     else:
-        _leviathan_rounds(t, cfg, tokens, known, cond, order, n_pre, scales, noise, generator, c)
+        _leviathan_rounds(t, cfg, tokens, known, cond, order, n_pre, scales, noise, own, generator, c)
     return Samples(tokens, cond, c)
 
 
@@ -56,11 +59,12 @@ def _step(model, s, tokens, known, cond, order, k: int, scales, noise: TokenNois
     return out
 
 
-def _released_windows(t, cfg, tokens, known, cond, order, k: int, scales, noise, generator, c: Counter) -> None:
-    """The released `SpecDecodeRunner.run` after the pre-fill: the draft steps on (reading its own drafts);
-    at every step that is a multiple of gamma (not 0) and at the last, the target predicts the window (the steps
-    since the last verification) from the verified tokens alone, at the CFG scale of the window's last step,
-    and every window token is accepted or replaced on its own."""
+def _released_windows(t, cfg, tokens, known, cond, order, k: int, scales, noise, own, generator,
+                      c: Counter) -> None:
+    """The released `SpecDecodeRunner.run` after the pre-fill: the draft steps on (reading its own drafts, on its
+    noise `own`); at every step that is a multiple of gamma (not 0) and at the last, the target predicts the window
+    (the steps since the last verification) from the verified tokens alone, at the CFG scale of the window's last
+    step, and every window token is accepted or replaced on its own."""
     s, K, (B, N, _) = cfg.sampling, order.n_steps, tokens.shape
     q = HeadOutput(tokens.clone(), torch.zeros_like(tokens), torch.zeros_like(tokens),
                    torch.zeros(B, N, device=tokens.device))  # the draft's last-step Gaussians by position
@@ -68,7 +72,7 @@ def _released_windows(t, cfg, tokens, known, cond, order, k: int, scales, noise,
     while k < K:
         end = next(j for j in range(k, K) if (j % cfg.gamma == 0 and j != 0) or j == K - 1)
         for j in range(k, end + 1):
-            out = _step(t.draft, s, tokens, known, cond, order, j, scales, noise)
+            out = _step(t.draft, s, tokens, known, cond, order, j, scales, own)
             rows, pos = (order.step == j).nonzero(as_tuple=True)
             for f in HeadOutput.__dataclass_fields__:
                 getattr(q, f)[rows, pos] = getattr(out, f)
@@ -81,10 +85,11 @@ def _released_windows(t, cfg, tokens, known, cond, order, k: int, scales, noise,
         verified, k = known.clone(), end + 1
 
 
-def _leviathan_rounds(t, cfg, tokens, known, cond, order, k: int, scales, noise, generator, c: Counter) -> None:
-    """`exact` and `paper` with one token per step: per row, gamma draft steps, then one target pass over
-    gamma + 1 known sets (the prefix, then each draft added) gives p of every drafted step and of the bonus
-    step; Leviathan's truncation at the first rejection. Rows move on at their own pace."""
+def _leviathan_rounds(t, cfg, tokens, known, cond, order, k: int, scales, noise, own, generator,
+                      c: Counter) -> None:
+    """`exact` and `paper` with one token per step: per row, gamma draft steps (on the draft's noise `own`), then
+    one target pass over gamma + 1 known sets (the prefix, then each draft added) gives p of every drafted step and
+    of the bonus step; Leviathan's truncation at the first rejection. Rows move on at their own pace."""
     s, g_max = cfg.sampling, cfg.gamma
     B, N, _ = tokens.shape
     seq = order.step.argsort(dim=1)  # (B, N): the position of step j
@@ -98,7 +103,7 @@ def _leviathan_rounds(t, cfg, tokens, known, cond, order, k: int, scales, noise,
         for j in range(g):
             z = t.draft.condition(work, seen, cond[rows], guided=guided)
             pos = seq[rows, step + j]
-            outs.append(t.draft.denoise(z[ar, pos], *noise.at(rows, pos), s, scales[step + j]))
+            outs.append(t.draft.denoise(z[ar, pos], *own.at(rows, pos), s, scales[step + j]))
             work[ar, pos], seen[ar, pos] = outs[-1].x0, True
         q = stack(outs)
         slots = torch.arange(g + 1, device=tokens.device)

@@ -10,6 +10,8 @@ released code's accept-or-replace of every draft on its own (`released`); docs/m
 The rules take the method's config (`methods.cspd.CSpDConfig`: `mode`, `inner_temperature`, `max_tries`).
 Where the released code returns a zero token after `max_tries` failed proposals, every mode here returns the last
 proposal (a draw from the target's last step) and counts the row in `resample_exhausted`.
+Both rules add ||x^q - x^p||^2 of every draft and the target's own token at its position to `draft_target_sqdist`
+(Table 4's E||x^q - x^p||^2 is it divided by the `drafts` counter).
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ def truncate(config, drafts, p: HeadOutput, q: HeadOutput, room: torch.Tensor, b
     residual sample at the rejected position or, where a row has `room` (M,) for it, the target's own bonus
     token (`bonus(rows)` -> (m, D)). Returns new tokens (M, g+1, D) and how many of them each row commits (M,)."""
     M, g, _ = drafts.shape
+    _count_distance(drafts, p, c)
     log_r = acceptance_log_ratio(drafts, p, q, config.mode, config.inner_temperature)  # (M, g)
     ok = torch.rand(M, g, generator=generator, device=drafts.device).log() < log_r
     n = ok.long().cumprod(1).sum(1)  # accepted prefix
@@ -100,6 +103,7 @@ def truncate(config, drafts, p: HeadOutput, q: HeadOutput, room: torch.Tensor, b
 def accept_each(config, x, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> tuple[torch.Tensor, torch.Tensor]:
     """The released code's rule on drafts x (..., D): each accepted with probability min(1, r) or replaced by a
     residual sample, on its own. Returns the tokens and which drafts were accepted (...)."""
+    _count_distance(x, p, c)
     log_r = acceptance_log_ratio(x, p, q, config.mode, config.inner_temperature)
     ok = torch.rand(log_r.shape, generator=generator, device=x.device).log() < log_r
     new, rejected = x.clone(), (~ok).nonzero(as_tuple=True)
@@ -117,6 +121,12 @@ def replace_each(config, drafts, p: HeadOutput, q: HeadOutput, generator, c: Cou
     g = drafts.shape[1]
     first = min(int(replaced.min()) if len(replaced) else g, g - 1)
     return torch.cat([new, torch.zeros_like(new[:, :1])], 1), first
+
+
+def _count_distance(drafts: torch.Tensor, p: HeadOutput, c: Counter) -> None:
+    """Add the squared distances ||x^q - x^p||^2 of drafts (..., D) to the target's own tokens at their positions
+    (Table 4), summed in float32 (a half-precision sum over a batch's drafts overflows)."""
+    c["draft_target_sqdist"] += float((drafts.float() - p.x0.float()).square().sum())
 
 
 def _residual(config, p: HeadOutput, q: HeadOutput, generator, c: Counter) -> torch.Tensor:

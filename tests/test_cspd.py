@@ -9,6 +9,7 @@ from scipy import stats
 from core.config import build_config
 from core.errors import UserError
 from methods.cspd import CSpD, CSpDConfig, MaskedCSpDConfig
+from teachers.families import continuous_ar
 from tests.fakes import LinearGaussianAR, LinearGaussianMasked, make_config, tiny_mar_teacher, tiny_masked_mar_teacher
 
 
@@ -181,3 +182,69 @@ def test_exact_and_paper_on_the_masked_family_need_one_token_per_step():
     build_config(MaskedCSpDConfig, {"mode": "released", "num_iter": 4}, owner="cspd")  # MAR's multi-token steps
     out = _run(LinearGaussianMasked(seq_len=8), 3, mode="released", num_iter=4, gamma=2)
     assert out.data.shape == (3, 8, 1) and out.counters["drafts"] == 3 * (8 - 1)  # step 0 (one token) pre-filled
+
+
+# ---- Table 4 (trajectory alignment) and Table 5 (pre-fill ratio) --------------------------------------------------
+FAMILIES = {"causal": LinearGaussianAR, "masked": LinearGaussianMasked}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_distance_counter_is_zero_aligned_and_twice_the_token_variance_without_alignment(family):
+    """A draft equal to the target: aligned, its tokens are the target's (distance 0, all accepted); on its own noise
+    x^q and x^p are i.i.d. given the same context, so E||x^q - x^p||^2 = 2 Var(x_0 | z), the head chain's variance."""
+    teacher = FAMILIES[family](seq_len=12, same=True)
+    knobs = dict(steps=4, gamma=3, mode="exact")
+    aligned = _run(teacher, 2000, **knobs).counters
+    assert aligned["drafts_accepted"] == aligned["drafts_verified"] > 0
+    assert aligned["draft_target_sqdist"] < 1e-6 * aligned["drafts"]
+    free = _run(teacher, 2000, align=False, **knobs).counters
+    chain = teacher.target if family == "causal" else teacher.target.chain
+    n, g = 50000, torch.Generator().manual_seed(7)
+    x0 = chain.denoise(torch.zeros(n, 1, 1), torch.randn(n, 1, generator=g), torch.randn(n, 4, 1, generator=g),
+                       continuous_ar.SamplingConfig(steps=4)).x0
+    assert free["draft_target_sqdist"] / free["drafts"] == pytest.approx(2 * float(x0.var()), rel=0.05)
+    assert free["drafts_accepted"] < 0.9 * free["drafts_verified"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exact_mode_without_alignment_still_samples_the_target_law_and_accepts_less(family):
+    """Sec. 3.2 / Table 4: alignment only raises acceptance; `exact` is lossless on independent noise too, the target
+    keeping the reference arm's noise. The released scheme on the same runs must fail (the test has power)."""
+    teacher = FAMILIES[family](seq_len=3, draft_shift=0.25, draft_sigma=1.4)
+    n = 20000
+    ref = _ar(teacher, n, steps=6).data
+    aligned = _run(teacher, n, gamma=2, steps=6, mode="exact", seed=1).counters
+    free = _run(teacher, n, gamma=2, steps=6, mode="exact", align=False, seed=1)
+    for pos in range(3):
+        assert stats.ks_2samp(free.data[:, pos, 0], ref[:, pos, 0]).pvalue > 1e-3
+    assert abs(_lag1_corr(free.data) - _lag1_corr(ref)) < 0.03
+
+    def alpha(c):
+        return c["drafts_accepted"] / c["drafts_verified"]
+
+    assert alpha(free.counters) < alpha(aligned)  # (a draft equal to the target: 1 against < 0.9, above)
+    assert free.counters["draft_target_sqdist"] / free.counters["drafts"] > \
+        1.2 * aligned["draft_target_sqdist"] / aligned["drafts"]
+    biased = _run(teacher, n, gamma=2, steps=6, mode="released", align=False, seed=2).data
+    assert min(stats.ks_2samp(biased[:, pos, 0], ref[:, pos, 0]).pvalue for pos in range(3)) < 1e-6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_without_alignment_the_target_keeps_the_reference_arms_order_and_noise(family):
+    """The draft's own noise is drawn after the target's noise (and MAR's order): an all-target run is the reference
+    sample, aligned or not."""
+    teacher = FAMILIES[family](seq_len=12)
+    ref = _ar(teacher, 5).data
+    for mode in ("exact", "released"):
+        assert torch.allclose(_run(teacher, 5, prefill=1.0, align=False, mode=mode).data, ref)
+
+
+@pytest.mark.parametrize("prefill", [0.0, 0.05, 0.15])
+def test_table5_prefill_ratios_take_the_released_runners_target_steps(prefill):
+    """Table 5's 0 / 5 / 15 %: the released runner generates step k with the target while `k <= num_iter * ratio`
+    (spec_decode/spec_decode_runner.py:114,119), so even 0 % pre-fills step 0."""
+    K, B = 40, 2
+    out = _run(LinearGaussianMasked(seq_len=K), B, mode="released", prefill=prefill, gamma=4)
+    n_pre = sum(k <= K * prefill for k in range(K))
+    assert n_pre == {0.0: 1, 0.05: 3, 0.15: 7}[prefill]
+    assert out.counters["drafts"] == out.counters["drafts_verified"] == B * (K - n_pre)
