@@ -18,8 +18,8 @@ import torch
 from core import files
 from core.cache import CHECKPOINTS_ENV, Cache
 from core.errors import UserError
-from metrics.features import (REFERENCE_BATCH, check_choice, embed, image_files, load_extractor, npz_members,
-                              reference_features)
+from metrics.features import (INCEPTIONS, REFERENCE_BATCH, check_choice, embed, image_files, load_extractor,
+                              npz_members, reference_features)
 
 
 # Keyword arguments of every torchmetrics metric we wrap: it computes on the samples this process holds. In a
@@ -117,11 +117,11 @@ class ImageFeatureMetric(Metric):
                 also = f"fid@inception against its real images {folder[0]}/, " if folder else ""
                 raise UserError(f"metric {spec} compares with real images; teacher {teacher!r} has no dataset here "
                                 f"and no reference statistics ({also}text-image metrics: clip@<arch>, hpsv2)")
-            if extractor != "inception":
+            if extractor not in INCEPTIONS:
                 raise UserError(f"metric {spec} reads the classifier trained on the teacher's dataset; teacher "
                                 f"{teacher!r} has none here: use {cls.name}@inception")
             return
-        if extractor != "inception":
+        if extractor not in INCEPTIONS:
             raise UserError(f"metric {spec} needs real images of teacher {teacher!r}'s data, which are not at hand; "
                             f"on it, image metrics are @inception against {(stats or folder)[0]}, e.g. fid@inception")
         if cls.compares_with is None:

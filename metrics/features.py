@@ -1,21 +1,25 @@
 """Image feature extractors for FID / KID / IS / precision / recall, and cached real-data reference features.
 
-Two extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
+Three extractors, chosen per metric with "name@extractor" (e.g. `fid@inception`):
 - `cnn` (default): the small classifier trained on the teacher's dataset (`metrics.extractors`), seconds on CPU;
 - `inception`: the standard FID Inception-v3 from a local TorchScript file (`metrics.inception`), slow on CPU; for
   class logits (`is@inception`), the same network with its classifier, through torch-fidelity. Both read the images
   as ADM's evaluator and torch-fidelity do (8 bits, TF 1.x bilinear resize to 299), and are named for it in the keys
-  (`inception-v3-tf1`).
+  (`inception-v3-tf1`);
+- `pytorch-fid`: the same Inception weights as pytorch-fid ships and runs them, torch's bilinear resize included
+  (`metrics.inception_pytorch_fid`): FID as the SJD and DD releases computed it (keys `pytorch-fid`).
 
 The reference side (features of the real test split) is cached on disk, clean-fid style, keyed by dataset, split,
 image size, extractor (and its weights), preprocessing and the number of images, so a sweep computes it once. A
 teacher of a real checkpoint names its reference instead: a file of statistics (`reference_statistics`, ADM's), or a
 folder of real images (`reference_images`, COCO's `val2017/`) whose statistics are computed once and cached
-(`folder_statistics`).
+(`folder_statistics`). A FID spec may name another file of statistics after its extractor, a paper's own
+(`NAMED_REFERENCES`: "fid@pytorch-fid:dd-in256").
 Metrics hand features, never images, to torchmetrics through `Features`, so each image passes the extractor once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,15 +28,35 @@ import torch
 import torch.nn as nn
 
 from core.cache import Cache, config_key, file_key
+from core.checkpoints import torch_load_errors
 from core.errors import UserError
 from teachers.data.images import load_image_dataset
 
-CHOICES = ("cnn", "inception")
+CHOICES = ("cnn", "inception", "pytorch-fid")
+INCEPTIONS = ("inception", "pytorch-fid")  # the standard network: what a teacher without a dataset is scored with
 REFERENCE_SPLIT = "test"
 REFERENCE_BATCH = "arr_0"  # the images of an ADM reference batch
 REFERENCE_VERSION = 1  # bump when the way reference features are computed changes
 # Image files of a reference folder, by suffix (any case): pytorch-fid 0.3.0's IMAGE_EXTENSIONS (fid_score.py:73)
 IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class NamedReference:
+    """A file of reference statistics a paper's release compares with, named in a FID spec (`fid@<extractor>:<tag>`)
+    in place of the teacher's own reference; the key ends in the tag."""
+
+    file: str  # under the checkpoints folder
+    extractor: str  # the protocol that computed the statistics: the only extractor they may be compared in
+    source: str
+
+
+NAMED_REFERENCES = {
+    # DD's ImageNet-256 statistic (`--fid_statistic DIR` holding statistic.pth; VAR/README.md:22, LlamaGen/README.md:21,
+    # placed under the checkpoints folder by its path in the Hugging Face repository microsoft/distilled_decoding).
+    "dd-in256": NamedReference("ImageNet-256_FID_Statistic/statistic.pth", "pytorch-fid",
+                               "DD's own ImageNet-256 FID statistic (microsoft/distilled_decoding)"),
+}
 
 
 class ImageExtractor(Protocol):
@@ -47,15 +71,33 @@ class ImageExtractor(Protocol):
     def features(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
+def split_option(metric: str, extractor: str | None) -> tuple[str | None, str | None]:
+    """The extractor choice and the option written after it: "inception:adm-splits" -> ("inception", "adm-splits"),
+    "inception" -> ("inception", None); a ':' with nothing on one side is one `UserError`."""
+    if extractor is None:
+        return None, None
+    choice, colon, option = extractor.partition(":")
+    if colon and not (choice and option):
+        raise UserError(f"metric '{metric}@{extractor}': write the extractor and the option around ':', e.g. "
+                        f"{metric}@inception:<option>")
+    return choice, option or None
+
+
 def check_choice(metric: str, choice: str | None, *, logits: bool, checkpoints: Path) -> None:
     """Validate "metric@choice" before any work; the Inception weights must then be on disk."""
+    from metrics import inception_pytorch_fid
     from metrics.inception import logits_weights_path, weights_path
 
     if choice is None or choice == "cnn":
         return
     if choice not in CHOICES:
         raise UserError(f"metric {metric!r}: unknown extractor {choice!r}; valid: {', '.join(CHOICES)}")
-    if logits:
+    if choice == "pytorch-fid":
+        if logits:
+            raise UserError(f"metric {metric!r} reads class logits; pytorch-fid's network ends at pool3: use "
+                            f"{metric}@inception")
+        inception_pytorch_fid.weights_path(checkpoints)
+    elif logits:
         logits_weights_path(checkpoints)
     else:
         weights_path()
@@ -66,9 +108,12 @@ def load_extractor(choice: str | None, teacher: Any, *, cache: Cache, device: to
     """The extractor `choice`; with `logits`, one that also gives class logits (torch-fidelity's Inception)."""
     from metrics.extractors import load_classifier
     from metrics.inception import load_inception, load_inception_logits
+    from metrics.inception_pytorch_fid import load_pytorch_fid
 
     if choice == "inception":
         return load_inception_logits(device, checkpoints) if logits else load_inception(device)
+    if choice == "pytorch-fid":
+        return load_pytorch_fid(device, checkpoints)
     return load_classifier(teacher.dataset_name, teacher.image_size, cache=cache, device=device)
 
 
@@ -123,13 +168,16 @@ def reference_batch_features(extractor: ImageExtractor, path: Path, *, cache: Ca
 
 
 def reference_statistics(extractor: ImageExtractor, teacher: Any, *, cache: Cache, device: torch.device,
-                         checkpoints: Path) -> dict[str, np.ndarray] | None:
-    """The statistics {"mu": (D,), "sigma": (D, D)} float64 a teacher of a real checkpoint names: the file of
-    `reference_statistics`, or those of the images of the folder `reference_images` (`folder_statistics`); None for a
-    teacher without either (its reference is the real split's features)."""
+                         checkpoints: Path, named: str | None = None) -> dict[str, np.ndarray] | None:
+    """The statistics {"mu": (D,), "sigma": (D, D)} float64 of the reference: the file of `NAMED_REFERENCES[named]`,
+    else the ones a teacher of a real checkpoint names: the file of `reference_statistics`, or those of the images of
+    the folder `reference_images` (`folder_statistics`); None for a teacher without either (its reference is the real
+    split's features)."""
+    if named is not None:
+        return read_statistics(checkpoints / NAMED_REFERENCES[named].file)
     stats = getattr(teacher, "reference_statistics", None)
     if stats is not None:
-        return {k: v.astype(np.float64) for k, v in read_npz(checkpoints / stats[0], "mu", "sigma").items()}
+        return read_statistics(checkpoints / stats[0])
     folder = getattr(teacher, "reference_images", None)
     if folder is not None:
         return folder_statistics(extractor, checkpoints / folder[0], cache=cache, device=device)
@@ -155,8 +203,9 @@ def read_image(path: Path) -> torch.Tensor:
 
 def folder_statistics(extractor: ImageExtractor, folder: Path, *, cache: Cache,
                       device: torch.device) -> dict[str, np.ndarray]:
-    """torch-fidelity's statistics (`fid_features_to_statistics`: mean, covariance) of the features of every image of
-    `folder` (`image_files`), one image a pass (they differ in size; each is resized to the extractor's input as it
+    """torch-fidelity's statistics (`fid_features_to_statistics`: `np.mean`, `np.cov` of the float64 features, which are
+    pytorch-fid's too, fid_score.py:229-230) of the features of every image of `folder` (`image_files`), one image a
+    pass (they differ in size; each is resized to the extractor's input as it
     is). Cached under the files' identities (`file_key`: path, size, modification time) and the extractor, so a
     second trial reads them back and a changed folder is computed again."""
     from torch_fidelity.metric_fid import fid_features_to_statistics
@@ -208,6 +257,35 @@ def read_npz(path: Path, *names: str) -> dict[str, np.ndarray]:
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise UserError(f"{path}: cannot read its arrays, damaged, truncated or of objects ({str(exc)[:200]})") \
                 from None
+
+
+def _numpy_globals() -> list:
+    """What unpickling numpy arrays takes besides containers, allowed to `torch.load(weights_only=True)`: the array
+    rebuilder under numpy 2's module path and numpy 1.x's (`numpy.core`, which DD's file may name), arrays, dtypes."""
+    rebuild = np._core.multiarray._reconstruct
+    return [rebuild, (rebuild, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
+            *(type(np.dtype(t)) for t in ("float16", "float32", "float64"))]
+
+
+def read_statistics(path: Path) -> dict[str, np.ndarray]:
+    """{"mu": (D,), "sigma": (D, D)} float64 of a file of reference statistics the user provides: an .npz with `mu`
+    and `sigma` (ADM's reference batches; clean-fid's), or a .pth as DD's fid_score.py writes it (:302
+    `torch.save({"m": m, "s": s})` of numpy arrays) and reads it back (:280-283 `act["m"]`, `act["s"]`). A damaged
+    file, or one of another layout: one `UserError` naming it."""
+    if path.suffix != ".pth":
+        stats = read_npz(path, "mu", "sigma")
+    else:
+        with torch_load_errors(path), torch.serialization.safe_globals(_numpy_globals()):
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(blob, dict) or not {"m", "s"} <= blob.keys():
+            held = ", ".join(map(repr, blob)) if isinstance(blob, dict) else type(blob).__name__
+            raise UserError(f"{path}: not a statistic file of DD's fid_score.py (a dict of the mean 'm' and the "
+                            f"covariance 's'); it holds {held or 'nothing'}")
+        stats = {"mu": np.asarray(blob["m"]), "sigma": np.asarray(blob["s"])}  # numpy arrays, or CPU tensors
+    mu, sigma = stats["mu"].astype(np.float64), stats["sigma"].astype(np.float64)
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+        raise UserError(f"{path}: a mean {mu.shape} and a covariance {sigma.shape} that do not go together")
+    return {"mu": mu, "sigma": sigma}
 
 
 class Features(nn.Module):

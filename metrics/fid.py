@@ -16,35 +16,91 @@ folder of real images in the checkpoints folder and a tag: the SJD paper's proto
 Table 1: 5,000 COCO 2017 val captions, FID against the 5,000 images of `val2017/`; its evaluation_metrics.py:185-191
 calls pytorch-fid 0.3.0's `calculate_fid_given_paths(..., dims=2048)` on the two folders). The reference side is the
 Inception statistics of every image of that folder (`metrics.features.folder_statistics`, cached), the key
-"fid.inception-v3-tf1.<tag>" ("fid.inception-v3-tf1.coco2017-val"). One protocol difference: pytorch-fid resizes the
-[0, 1] floats with torch's bilinear interpolation (half-pixel centres; pytorch-fid inception.py:147), ours the 8-bit
-images with the TF 1.x bilinear resize of torch-fidelity and ADM's evaluator (`metrics.inception`); same network and
-weights, so the numbers are close but not identical.
+"fid.inception-v3-tf1.<tag>" ("fid.inception-v3-tf1.coco2017-val"). `fid@inception` resizes the 8-bit images with
+the TF 1.x bilinear resize of torch-fidelity and ADM's evaluator (`metrics.inception`); pytorch-fid resizes the [0, 1]
+floats with torch's (half-pixel centres; pytorch-fid inception.py:147), so SJD's own protocol is `fid@pytorch-fid`
+below.
+
+`fid@pytorch-fid` (key "fid.pytorch-fid[.<tag>]"): FID as the SJD and DD releases computed it, pytorch-fid's network
+with its own preprocessing (`metrics.inception_pytorch_fid`), its statistics (np.mean, np.cov) and its
+`calculate_frechet_distance`, against the teacher's `reference_images` (SJD: "fid.pytorch-fid.coco2017-val"), the real
+split of a tiny teacher, or a file named after it, `fid@pytorch-fid:<tag>` (`metrics.features.NAMED_REFERENCES`; DD's
+ImageNet-256 statistic: "fid.pytorch-fid.dd-in256"). A named file's statistics were computed under one protocol and
+are compared in that one only; ADM's `reference_statistics` (TF 1.x resize) are not compared in pytorch-fid's.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torchmetrics.image.fid import FrechetInceptionDistance
 
-from core.cache import Cache
+from core import files
+from core.cache import CHECKPOINTS_ENV, Cache
+from core.errors import UserError
+from metrics import inception_pytorch_fid
 from metrics.base import TORCHMETRICS_LOCAL, ImageFeatureMetric
-from metrics.features import Features, reference_statistics
+from metrics.features import NAMED_REFERENCES, Features, reference_statistics, split_option
 
 
 class FID(ImageFeatureMetric):
-    """Frechet distance to the real test split in an extractor's features (torchmetrics; @cnn default, @inception)."""
+    """Frechet distance to the real test split in an extractor's features (torchmetrics; @cnn default, @inception), or
+    as pytorch-fid computes it (@pytorch-fid); a named reference file after ':'."""
 
     name = "fid"
     higher_is_better = False
     compares_with = "statistics"  # a real checkpoint's teacher: a file's or a folder's; else the real split's
 
+    @classmethod
+    def _parse(cls, extractor: str | None) -> tuple[str | None, str | None]:
+        """(extractor choice, named reference) of "pytorch-fid:dd-in256", each checked."""
+        choice, named = split_option(cls.name, extractor)
+        if named is None:
+            return choice, None
+        if named not in NAMED_REFERENCES:
+            raise UserError(f"metric 'fid@{extractor}': unknown reference {named!r}; valid: "
+                            f"{', '.join(NAMED_REFERENCES)}")
+        if choice != NAMED_REFERENCES[named].extractor:
+            raise UserError(f"metric 'fid@{extractor}': the statistics {named} were computed by "
+                            f"{NAMED_REFERENCES[named].extractor}, and compare only in its features: "
+                            f"fid@{NAMED_REFERENCES[named].extractor}:{named}")
+        return choice, named
+
+    @classmethod
+    def check(cls, extractor: str | None, checkpoints: Path) -> str | None:
+        return super().check(cls._parse(extractor)[0], checkpoints)
+
+    @classmethod
+    def check_teacher(cls, teacher: str, teacher_cls: Any, extractor: str | None, checkpoints: Path) -> None:
+        choice, named = cls._parse(extractor)
+        if named is not None:
+            ref = NAMED_REFERENCES[named]
+            path = checkpoints / ref.file
+            files.require(path, f"missing {path}: fid@{extractor} compares with {ref.source}; place {ref.file} in "
+                                f"{checkpoints}, or name the folder that holds it with --checkpoints or "
+                                f"{CHECKPOINTS_ENV}")
+            return
+        stats = getattr(teacher_cls, "reference_statistics", None)
+        if choice == inception_pytorch_fid.NAME and stats is not None:
+            raise UserError(f"metric fid@{extractor} on teacher {teacher!r}: its reference statistics {stats[0]} are "
+                            f"ADM's evaluator's (TF 1.x resize, fid@inception); name statistics pytorch-fid computed: "
+                            f"{', '.join(f'fid@{r.extractor}:{n}' for n, r in NAMED_REFERENCES.items())}")
+        super().check_teacher(teacher, teacher_cls, choice, checkpoints)
+
     def __init__(self, teacher, *, cache: Cache, device: torch.device, checkpoints: Path,
                  extractor: str | None = None):
-        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints, extractor=extractor)
-        # `reference_statistics` or `reference_images` (checked by `check_teacher`); None: the real split's features
-        self._stats = reference_statistics(self.model, teacher, cache=cache, device=device, checkpoints=checkpoints)
+        choice, named = self._parse(extractor)
+        super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints, extractor=choice)
+        self._pytorch_fid = self.model.name == inception_pytorch_fid.NAME
+        if named is not None:  # the key names the file compared with: ".dd-in256"
+            self.extractor = f"{self.model.name}.{named}"
+        # A named file, or `reference_statistics` or `reference_images` (checked by `check_teacher`); None: the real
+        # split's features
+        self._stats = reference_statistics(self.model, teacher, cache=cache, device=device, checkpoints=checkpoints,
+                                           named=named)
+        if self._stats is None and self._pytorch_fid:
+            self._stats = self._statistics(self.reference)
         if self._stats is not None:
             return
         # reset_real_features=False: `reset` before each compute drops the generated side, keeps the reference.
@@ -52,11 +108,21 @@ class FID(ImageFeatureMetric):
                                              **TORCHMETRICS_LOCAL)
         self._fid.update(self.reference, real=True)
 
-    def compute(self, seed: int = 0) -> dict[str, float]:
-        if self._stats is not None:
-            from torch_fidelity.metric_fid import fid_features_to_statistics, fid_statistics_to_metric
+    @staticmethod
+    def _statistics(features: torch.Tensor) -> dict:
+        """np.mean and np.cov of the float64 features (torch-fidelity's function; pytorch-fid's fid_score.py:229-230
+        computes the same)."""
+        from torch_fidelity.metric_fid import fid_features_to_statistics
 
-            generated = fid_features_to_statistics(self.generated().double())
+        return fid_features_to_statistics(features.double())
+
+    def compute(self, seed: int = 0) -> dict[str, float]:
+        if self._pytorch_fid:
+            return {self.key(): inception_pytorch_fid.frechet_distance(self._stats, self._statistics(self.generated()))}
+        if self._stats is not None:
+            from torch_fidelity.metric_fid import fid_statistics_to_metric
+
+            generated = self._statistics(self.generated())
             return {self.key(): fid_statistics_to_metric(self._stats, generated, False)["frechet_inception_distance"]}
         self._fid.reset()
         self._fid.update(self.generated(), real=False)

