@@ -19,14 +19,18 @@ Face repo jdeschena/sdtt, e.g. `baselines_kld_step_70000`, the reverse-KL studen
 trained, and `divergence`, `distill_steps` and `rounds` are the release's, so the run's parameters say which student
 it was. It samples with the released sampler (core/sampling/ancestral.py `MultiRoundSDTT.sample`), which is the
 family's ancestral sampler: the same log-linear move chances, the same final argmax over real tokens when masks
-remain, no nucleus, no cache (`cache` stays the teacher's setting: the same samples, fewer passes). One difference,
-a named mode (`student_draw`): the released code draws each step's tokens by a float32 exponential race.
+remain, no nucleus, no cache (`cache` stays the teacher's setting: the same samples, fewer passes).
+
+Every arm draws each step's tokens the same way, the family's `draw` setting (`md.DRAWS`): the reference arm samples
+with `sampling`, the student and the same-step arm with `student_sampling`, a copy of it. The paper suites draw as the
+released code does, by a float32 exponential race (`released-fp32`); `exact` (float64) is the named mode of SDTT's
+App. A float64 runs. Drawing the student one way and the teacher the other would bias the comparison: the float32
+race lowers gen-PPL (Zheng et al. 2024a; SDTT App. A). The distillation targets (`teacher_targets`) draw exactly.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +51,6 @@ from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
 
 Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
-Draw = Literal["exact", "released-fp32"]
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
 
 
@@ -70,16 +73,6 @@ def divergence(student: torch.Tensor, target: torch.Tensor, kind: Divergence) ->
     if kind == "tvd-log":
         return (student - target).abs().sum(-1).mean()
     raise ValueError(f"unknown divergence {kind!r}")
-
-
-def released_draw(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """SDTT's released draw (`sample_categorical`, core/sampling/ancestral.py) from unnormalised q (..., V): argmax of
-    q / E with E = 1e-10 - log(U + 1e-10), U uniform, in float32 (the dtype of the released sampler's q). An
-    exponential race, exact in real numbers; in float32 its rounding truncates the race, which lowers the diversity of
-    the draws (Zheng et al. 2024a, the precision issue SDTT's appendix samples in float64 for). -> (...)"""
-    q = q.float()
-    u = torch.rand(q.shape, generator=generator, device=q.device)
-    return (q / (1e-10 - (u + 1e-10).log())).argmax(-1)
 
 
 @torch.no_grad()
@@ -123,9 +116,6 @@ class SDTTConfig:
     ar_top_p: float = 1.0
     # A released student: a folder of the checkpoints folder holding one revision of jdeschena/sdtt; empty: distil.
     student: str = ""
-    # The student arm's draw of each step's tokens: "exact", the family's float64 inverse-CDF draw (every reference
-    # arm's), or "released-fp32", the released sampler's float32 race (`released_draw`).
-    student_draw: Draw = "exact"
     release: ClassVar[Any] = None  # the student's `sdtt_released.Release` (read, or told by the folder's name)
 
     def __post_init__(self):
@@ -160,10 +150,10 @@ class SDTTConfig:
     @property
     def student_sampling(self) -> md.SamplingConfig:
         """The student's sampler: `student_steps` (0 = T_0 / (m/k)^rounds, T_0 the release's first step count for a
-        released student: 1024 / 2^7 = 8 after round 7) with the teacher's `cache` setting."""
+        released student: 1024 / 2^7 = 8 after round 7) with the teacher's other settings (`cache`, `draw`)."""
         t0 = self.release.first_steps if self.student else self.sampling.steps
         steps = self.student_steps or t0 // self.distill_steps ** self.rounds
-        return md.SamplingConfig(steps, self.sampling.cache)
+        return dataclasses.replace(self.sampling, steps=steps)
 
 
 TRAIN_KNOBS = ("steps", "distill_steps", "divergence", "iters_per_round", "batch", "lr", "lr_warmup", "ema",
@@ -284,19 +274,17 @@ class SDTT(Method):
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
         if self.student is None:
             raise RuntimeError("sdtt: call fit() before sample()")
-        step = functools.partial(md.reverse_step, draw_fn=released_draw) \
-            if self.config.student_draw == "released-fp32" else None
         return md.sample_ancestral(self.denoise, cond, self.teacher.seq_len, self.teacher.mask_id,
-                                   self.config.student_sampling, generator=generator, step=step)
+                                   self.config.student_sampling, generator=generator)
 
     def caveats(self) -> dict[str, str]:
         if not self.config.student:
             return {}
         out = {"sdtt_released_weights": "the released files hold the checkpoint's raw weights (push_to_hub.py loads "
                                         "its state_dict); the paper samples with the EMA (from_ema: True)"}
-        if self.config.student_draw == "exact":
-            out["sdtt_draw"] = ("the student draws with the family's exact float64 sampler; the released one races "
-                                "in float32 (student_draw=released-fp32)")
+        if self.config.sampling.draw == "exact":
+            out["sdtt_draw"] = ("every arm draws with the family's exact float64 sampler, as SDTT's App. A; the "
+                                "paper's main runs race in float32 (draw=released-fp32)")
         if self.release is not None and self.release.teacher != released.MDLM_OWT:
             out["sdtt_released_teacher"] = f"the student was distilled from {self.release.teacher}, not MDLM-OWT"
         return out

@@ -10,22 +10,32 @@ evaluator (`gen_ppl@hf:gpt2-large:mdlm`) and the last part of the key (`gen_ppl.
   sampled and is scored like any other, nothing is prepended, so a sample's first token is context only and every
   later one is predicted from all before it (1023 predictions of a 1024-token sample); batches of 8 equally long
   rows (src/sdtt/configs/config.yaml:117) without padding or attention mask, in float32 (run_eval.py:214). With
-  another tokenizer (SDTT's Llama-3 8B, run_eval.py:148-161): the text without its end-of-text tokens (our teachers
-  decode without special tokens; GPT-2's only one is `<|endoftext|>`, which SDTT removes), stripped, tokenised by the
-  evaluator with its own special tokens (Llama-3's BOS: then every token of the text is scored). Either way gen-PPL =
-  exp(mean over samples of each sample's mean NLL) (run_eval.py:238, 254-258).
+  another tokenizer (SDTT's Llama-3 8B, run_eval.py:148-161): the decoded text, cleaned up (below), without its
+  end-of-text tokens (the teacher's special tokens: GPT-2's only one is `<|endoftext|>`, which SDTT removes),
+  stripped, tokenised by the evaluator with its own special tokens (Llama-3's BOS: then every token of the text is
+  scored). Either way gen-PPL = exp(mean over samples of each sample's mean NLL) (run_eval.py:238, 254-258).
 - `mdlm`: MDLM's `compute_generative_perplexity` (kuleshov-group/mdlm c112c52, diffusion.py:514-573), which always
-  re-tokenises: the samples decoded with their end-of-text tokens kept (diffusion.py:426; a teacher whose texts
-  carry no ids, a tiny one, gives them as it decodes them), tokenised by the evaluator, cut to the teacher's sequence
-  length (`max_length` = the model's length, diffusion.py:532-533) and right-padded with its EOS
+  re-tokenises: the samples decoded with their end-of-text tokens kept (diffusion.py:426; a teacher whose texts carry no
+  ids, a tiny one, gives them as it decodes them) and cleaned up (below), tokenised by the evaluator, cut to the
+  teacher's sequence length (`max_length` = the model's length, diffusion.py:532-533) and right-padded with its EOS
   (diffusion.py:131-135) to the longest text of the update (of the sampled batch in MDLM, diffusion.py:505), with an
   attention mask; scored 8 rows at a time (configs/config.yaml:51) in windows of the evaluator's context (1024 for
-  GPT-2, diffusion.py:504, 550-557), each window read alone, its first token context only; a target counts unless it
-  is an end-of-text token other than the first of its window (diffusion.py:567-573: later EOS and the padding are
-  left out, the tokens after an EOS are still scored, and a text with no EOS that is not the longest has its first
-  padding EOS scored); gen-PPL = exp(total NLL / counted tokens), pooled over every sample (its `Perplexity`,
-  diffusion.py:58-65, 572). Not copied: MDLM drops the samples after the last whole batch of 8 (diffusion.py:548);
-  every sample is scored here.
+  GPT-2, diffusion.py:504, 550-557), each window read alone, its first token context only; a target counts unless it is
+  an end-of-text token other than the first of its window (diffusion.py:567-573: later EOS and the padding are left out,
+  the tokens after an EOS are still scored, and a text with no EOS that is not the longest has its first padding EOS
+  scored); gen-PPL = exp(total NLL / counted tokens), pooled over every sample (its `Perplexity`, diffusion.py:58-65,
+  572). Not copied: MDLM drops the samples after the last whole batch of 8 (diffusion.py:548); every sample is scored
+  here.
+
+Both re-tokenise the text of the sampler's `batch_decode` (MDLM diffusion.py:426 and main.py:111; SDTT
+run_eval.py:148) under the transformers both pin, 4.38.2 (mdlm requirements.yaml:33, sdtt requirements.txt:23), which
+cleans up tokenization spaces after decoding: `clean_up_tokenization` (4.38.2 tokenization_utils_base.py:3829-3851:
+" ." -> ".", " ?", " !", " ,", " ' " -> "'", " n't", " 'm", " 's", " 've", " 're", in that order), on by default
+(:1592, applied by tokenization_utils_fast.py:627-634) and left on by GPT-2's tokenizer (SDTT's author reports it of
+`AutoTokenizer.from_pretrained("gpt2")` under 4.38.2: huggingface/transformers#31884). transformers 5 skips it for BPE
+tokenizers, so it is applied here to every text the evaluator re-tokenises (`CausalLMEvaluator.decoded`): a
+teacher's decode without it, or the texts of a teacher that keeps no ids (a tiny one) as its decode gives them. In
+`sdtt` the end-of-text tokens are removed after the cleanup, as run_eval.py:151 does.
 
 Departures, the same in both: a sample longer than the evaluator's context (never in SDTT: 1024 tokens under GPT-2's
 1024 positions) is read in windows of the context as MDLM's code reads it, not refused; SDTT's AR samples keep the
@@ -82,6 +92,13 @@ def same_tokenizer(teacher, tokenizer) -> bool:
     return callable(getattr(own, "get_vocab", None)) and own.get_vocab() == tokenizer.get_vocab()
 
 
+def _without(text: str, specials) -> str:
+    """`text` with every special token's string removed (SDTT's `text.replace("<|endoftext|>", "")`, GPT-2's one)."""
+    for special in specials:
+        text = text.replace(special, "")
+    return text
+
+
 def sum_and_count(nll: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """(B, T) NLLs and the (B, T) bool mask of those that count -> (B, 2): each row's summed NLL and count."""
     return torch.stack([torch.where(scored, nll, 0.0).sum(1), scored.sum(1).float()], 1)
@@ -105,7 +122,8 @@ class CausalLMEvaluator:
         if self.protocol == "mdlm":
             return self._mdlm(texts, tokens)
         if not self.shared:
-            return self._sdtt_texts([t.strip() for t in texts])
+            specials = getattr(getattr(self.teacher, "tokenizer", None), "all_special_tokens", ())
+            return self._sdtt_texts([_without(t, specials).strip() for t in self.decoded(texts, tokens)])
         if tokens is None:
             raise ValueError(f"gen_ppl.{self.name}: SDTT's protocol scores the teacher's token ids, and these texts "
                              f"carry none (a teacher's `decode` returns them as core.samples.Texts)")
@@ -125,11 +143,21 @@ class CausalLMEvaluator:
             out.append(sum_and_count(nll, mask.bool() & ~nll.isnan()))
         return torch.cat(out)
 
-    def _mdlm(self, texts: list[str], tokens: torch.Tensor | None) -> torch.Tensor:
+    def decoded(self, texts: list[str], tokens: torch.Tensor | None) -> list[str]:
+        """The texts the released code re-tokenises: the teacher's decode of `tokens` with its special tokens kept
+        (diffusion.py:426, run_eval.py:148), or `texts` where there are no ids, then 4.38's cleanup (module doc)."""
+        from transformers import PreTrainedTokenizerBase
+
         tok = getattr(self.teacher, "tokenizer", None)
         if tokens is not None and callable(getattr(tok, "batch_decode", None)):
-            texts = tok.batch_decode(tokens)  # special tokens kept, as diffusion.py:426
-        ids, mask = self.lm.tokenize(list(texts), max_length=self.teacher.seq_len)  # (n, T), padded all at once
+            texts = tok.batch_decode(tokens, clean_up_tokenization_spaces=False)  # not twice where 5 still cleans
+        # the base class's method: 4.38.2's list in its order, still in transformers 5 (a subclass may override it,
+        # as CLVP's does, so the evaluator's own method is not called)
+        return [PreTrainedTokenizerBase.clean_up_tokenization(self.lm.tokenizer, t) for t in texts]
+
+    def _mdlm(self, texts: list[str], tokens: torch.Tensor | None) -> torch.Tensor:
+        texts = self.decoded(texts, tokens)
+        ids, mask = self.lm.tokenize(texts, max_length=self.teacher.seq_len)  # (n, T), padded all at once
         eos, C = self.lm.tokenizer.eos_token_id, context_length(self.lm.network.config)
         out = []
         for i in range(0, len(ids), BATCH):

@@ -119,13 +119,24 @@ def test_sdtt_reads_other_tokenizers_texts_stripped_with_the_evaluators_special_
     assert abs(_nll(model, unstripped).mean().item() - means[0].item()) > 1e-3
 
 
+def _cleanup_438(text: str) -> str:
+    """transformers 4.38.2's `clean_up_tokenization` (tokenization_utils_base.py:3829-3851), written out: what MDLM's
+    and SDTT's `batch_decode` did to every decoded text."""
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
 @torch.no_grad()
-def _mdlm_by_hand(model, tok, ids, max_length: int, *, pooled=True, all_eos=False) -> float:
-    """MDLM's diffusion.py:426, 496-508, 545-573 as written there: decode with the EOS kept, re-tokenise padded with
-    the EOS, windows of 128, a target counted unless it is an EOS after the first of its window, pooled."""
+def _mdlm_by_hand(model, tok, ids, max_length: int, *, pooled=True, all_eos=False, cleanup=True) -> float:
+    """MDLM's diffusion.py:426, 496-508, 545-573 as written there: decode with the EOS kept (under transformers 4.38:
+    cleaned up), re-tokenise padded with the EOS, windows of 128, a target counted unless it is an EOS after the first
+    of its window, pooled."""
     if tok.pad_token is None:  # diffusion.py:131-135
         tok.pad_token = tok.eos_token
-    enc = tok(tok.batch_decode(ids), return_tensors="pt", padding=True, truncation=True, max_length=max_length)
+    texts = [_cleanup_438(t) if cleanup else t for t in tok.batch_decode(ids)]
+    enc = tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length)
     samples, attn = enc["input_ids"], enc["attention_mask"]
     total, count, per_sample = 0.0, 0.0, torch.zeros(len(samples), 2, dtype=torch.float64)
     for chunk, mask in zip(torch.split(samples, 128, dim=-1), torch.split(attn, 128, dim=-1)):
@@ -153,6 +164,62 @@ def test_mdlm_re_tokenises_and_pools_over_tokens(gpt2, samples, cache):
     assert abs(ours - _mdlm_by_hand(model, tok, samples, 128)) > 1e-3  # broken: cut to the context, not windowed
     sdtt = _log_ppl(_metric(gpt2, cache, teacher=lm), lm.decode(samples))[1]
     assert abs(ours - sdtt) > 1e-3  # the two protocols differ on the same samples
+
+
+PUNCTUATED = ("Hello , world . It 's fine ! Is n't it ? We 're here , you 've seen ' em ' and I 'm out . "
+             "Why ? Because ! A dog , a cat . They 're , as you 've heard , fine ? ")
+
+
+@pytest.fixture(scope="module")
+def punctuated(gpt2):
+    """(4, 64) ids of space-before-punctuation text, the EOS after a space and before a full stop in row 0 (where the
+    cleanup must come before the EOS is removed, as SDTT's run_eval.py:148-151 does)."""
+    _, teacher, _ = gpt2
+    tok = teacher.tokenizer
+    ids = tok(PUNCTUATED * 12, add_special_tokens=False)["input_ids"]
+    rows = torch.tensor(ids[: 4 * 64]).view(4, 64)
+    rows[0, 10:13] = torch.tensor([*tok("x a ", add_special_tokens=False)["input_ids"][-1:], tok.eos_token_id,
+                                   *tok(".", add_special_tokens=False)["input_ids"]])
+    assert "a <|endoftext|>." in tok.decode(rows[0]) or " <|endoftext|>." in tok.decode(rows[0])
+    return rows
+
+
+def _sdtt_texts_by_hand(model, tok, ids, *, cleanup=True, eos_first=False) -> float:
+    """SDTT's run_eval.py:148-161: `batch_decode` (cleaned up under 4.38), `<|endoftext|>` removed, stripped,
+    re-tokenised, each text's mean NLL; `eos_first`: broken, the EOS dropped before the cleanup."""
+    means = []
+    for row in ids:
+        text = tok.decode(row, skip_special_tokens=eos_first)
+        text = (_cleanup_438(text) if cleanup else text).replace("<|endoftext|>", "").strip()
+        means.append(_nll(model, tok(text, return_tensors="pt")["input_ids"]).mean())
+    return torch.stack(means).double().mean().item()
+
+
+def test_re_tokenised_texts_are_cleaned_up_as_transformers_4_38_decoded_them(gpt2, punctuated, cache):
+    """Both protocols where they re-tokenise: MDLM's always, SDTT's under an evaluator of another tokenizer (here the
+    teacher's tokenizer with one token added), from the ids and from a tiny teacher's bare texts, against the hand
+    computation with 4.38's list; broken: no cleanup, and (SDTT) the EOS removed before the cleanup."""
+    folder, teacher, model = gpt2
+    tok = teacher.tokenizer
+    assert tok.decode(punctuated[1]) != _cleanup_438(tok.decode(punctuated[1]))  # there is something to clean
+    lm = copy.copy(teacher)
+    lm.seq_len = 64
+    key, mdlm = _log_ppl(_metric(gpt2, cache, "mdlm", teacher=lm), lm.decode(punctuated))
+    assert key.endswith(".mdlm") and mdlm == pytest.approx(_mdlm_by_hand(model, tok, punctuated, 64), abs=1e-5)
+    assert abs(mdlm - _mdlm_by_hand(model, tok, punctuated, 64, cleanup=False)) > 1e-3  # broken: transformers 5's
+    other = copy.deepcopy(tok)
+    other.add_tokens(["zzzz"])  # another vocabulary, the same decode
+    sampler = SimpleNamespace(seq_len=64, tokenizer=other)
+    _, sdtt = _log_ppl(_metric(gpt2, cache, teacher=sampler), Texts(teacher.decode(punctuated), punctuated))
+    assert sdtt == pytest.approx(_sdtt_texts_by_hand(model, tok, punctuated), abs=1e-5)
+    assert abs(sdtt - _sdtt_texts_by_hand(model, tok, punctuated, cleanup=False)) > 1e-3  # broken: not cleaned
+    with_eos = [punctuated[:1]]
+    _, first = _log_ppl(_metric(gpt2, cache, teacher=sampler), Texts(teacher.decode(with_eos[0]), with_eos[0]))
+    assert first == pytest.approx(_sdtt_texts_by_hand(model, tok, with_eos[0]), abs=1e-5)
+    assert abs(first - _sdtt_texts_by_hand(model, tok, with_eos[0], eos_first=True)) > 1e-4  # broken: order
+    bare = [tok.decode(row) for row in punctuated[1:]]  # a tiny teacher's texts: no ids, no special tokens
+    _, tiny = _log_ppl(_metric(gpt2, cache, teacher=SimpleNamespace(seq_len=64)), bare)
+    assert tiny == pytest.approx(_sdtt_texts_by_hand(model, tok, punctuated[1:]), abs=1e-5)
 
 
 def test_protocols_are_named_in_the_spec_and_the_key(gpt2, cache):

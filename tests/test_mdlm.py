@@ -56,8 +56,8 @@ def test_sampler_unmasks_everything_and_tokens_never_come_back(steps, monkeypatc
     history = []
     real = md.reverse_step
 
-    def spy(logp, z, t, s, mask_id, generator):
-        out = real(logp, z, t, s, mask_id, generator)
+    def spy(logp, z, t, s, mask_id, generator, **kw):
+        out = real(logp, z, t, s, mask_id, generator, **kw)
         history.append((z.clone(), out.clone()))
         return out
 
@@ -81,10 +81,11 @@ def test_caching_gives_the_same_samples_with_fewer_passes():
     assert runs[True].counters["nfe"] < runs[False].counters["nfe"]  # 64 steps for 8 tokens: most change nothing
 
 
-def test_one_step_samples_the_product_of_marginals_exactly():
+@pytest.mark.parametrize("draw", ["exact", "released-fp32"])
+def test_one_step_samples_the_product_of_marginals_exactly(draw):
     """With T = 1 every token is drawn at once from x_theta(all MASK): the sampled joint distribution must be the
     product of the per-position marginals (chi-square), and not the denoiser's joint (a broken 'sequential' sampler
-    would match the joint instead)."""
+    would match the joint instead); the same for both draws."""
     vocab, n = 2, 2
     probs = torch.tensor([[0.8, 0.2], [0.3, 0.7]])  # per-position marginals
 
@@ -94,8 +95,8 @@ def test_one_step_samples_the_product_of_marginals_exactly():
         return md.subs(logits, z, vocab)
 
     N = 20_000
-    out = md.sample_ancestral(denoise, torch.zeros(N, 0, dtype=torch.long), n, vocab, md.SamplingConfig(steps=1),
-                              generator=torch.Generator().manual_seed(0))
+    out = md.sample_ancestral(denoise, torch.zeros(N, 0, dtype=torch.long), n, vocab,
+                              md.SamplingConfig(steps=1, draw=draw), generator=torch.Generator().manual_seed(0))
     counts = {seq: 0 for seq in itertools.product(range(vocab), repeat=n)}
     for row in out.data.tolist():
         counts[tuple(row)] += 1
@@ -104,6 +105,34 @@ def test_one_step_samples_the_product_of_marginals_exactly():
     assert chi2 < 16.3  # chi-square, 3 dof, p = 0.001
     correlated = {(0, 0): 0.5, (1, 1): 0.5, (0, 1): 1e-9, (1, 0): 1e-9}  # a joint the sampler must not reproduce
     assert sum((counts[s] - N * correlated[s]) ** 2 / (N * correlated[s]) for s in counts) > 1e3
+
+
+def test_the_float32_race_and_the_float64_draw_differ_and_are_a_named_setting():
+    """`draw`: the released samplers' float32 race against the float64 inverse-CDF draw on the same uniforms' source,
+    each reproducible; a draw of another name is one line listing the valid ones, as a knob too."""
+    from core.config import build_config
+    from core.errors import UserError
+
+    teacher = tiny_mdlm_teacher(train_steps=100)
+    cond = torch.zeros(64, 0, dtype=torch.long)
+
+    def run(draw, seed=1):
+        return md.sample_teacher(teacher, cond, md.SamplingConfig(steps=4, draw=draw),
+                                 generator=torch.Generator().manual_seed(seed)).data
+
+    assert torch.equal(run("released-fp32"), run("released-fp32")) and torch.equal(run("exact"), run("exact"))
+    assert (run("released-fp32") != run("exact")).float().mean() > 0.3
+    # the race itself, in float32: q / E with E = 1e-10 - log(U + 1e-10), argmax (mdlm diffusion.py:24-28)
+    q = torch.rand(3, 5, V + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    u = torch.rand(q.shape, generator=torch.Generator().manual_seed(3))
+    by_hand = (q.float() / (1e-10 - (u + 1e-10).log())).argmax(-1)
+    assert torch.equal(md.released_draw(q, torch.Generator().manual_seed(3)), by_hand)
+    assert not torch.equal(md.draw(q, torch.Generator().manual_seed(3)), by_hand)  # broken: the other draw
+    with pytest.raises(ValueError, match="^draw must be one of exact, released-fp32, got 'fp16'$"):
+        md.SamplingConfig(draw="fp16")
+    with pytest.raises(UserError, match="knob 'draw' must be one of exact, released-fp32, got 'fp16'"):
+        build_config(md.SamplingConfig, {"draw": "fp16"}, owner="mdlm")
+    assert build_config(md.SamplingConfig, {"draw": "released-fp32"}, owner="mdlm").draw == "released-fp32"
 
 
 def test_nelbo_is_lower_for_a_trained_teacher():

@@ -2,6 +2,8 @@
 distillation on a fake teacher that must bring the student's one step closer to the teacher's two."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from methods.base import TeacherSampler
 from methods.sdtt import SDTT, SDTTConfig, divergence, teacher_targets
 from teachers.families import masked_diffusion as md
 from tests.fakes import NO_CHECKPOINTS, make_config, tiny_mdlm_teacher
@@ -121,6 +124,32 @@ def test_rounds_are_cached_and_a_longer_run_reuses_them(tmp_path, monkeypatch):
     assert {p.parent.name for p in tmp_path.rglob("*.pt")} == {"sdtt-students", "sdtt-ema"}
     s = out.sample(torch.zeros(4, 0, dtype=torch.long), generator=torch.Generator().manual_seed(0))
     assert s.counters["nfe"] in (4 * 2, 4 * 3)  # 8 / 2^2 steps (+ noise removal)
+
+
+@pytest.mark.parametrize("draw", ["exact", "released-fp32"])
+def test_every_arm_draws_as_the_trial_says(draw, tmp_path):
+    """The reference arm (the runner's `TeacherSampler` on `SDTT.sampling_of`), the student and the same-step arm
+    draw the same way: with the student equal to the teacher and one generator seed, they give the same tokens; a
+    student drawing the other way (the comparison this setting prevents) does not."""
+    teacher = tiny_mdlm_teacher(train_steps=100)
+    cfg = make_config(SDTTConfig, steps=8, rounds=1, ar_arm=False, draw=draw)
+    assert SDTT.sampling_of(cfg).draw == cfg.student_sampling.draw == draw and cfg.student_sampling.steps == 4
+
+    def student(config):
+        method = SDTT(teacher, config)
+        method.student = copy.deepcopy(teacher.network)  # the teacher's weights: only a draw can tell them apart
+        return method
+
+    same_steps = student(cfg).extra_arms(cache=Cache(tmp_path), device=torch.device("cpu"),
+                                         checkpoints=NO_CHECKPOINTS)["same_steps"]
+    reference = TeacherSampler(teacher, dataclasses.replace(SDTT.sampling_of(cfg), steps=4))
+    cond = torch.zeros(32, 0, dtype=torch.long)
+    runs = [arm.sample(cond, generator=torch.Generator().manual_seed(5)).data
+            for arm in (student(cfg), same_steps, reference)]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    other = make_config(SDTTConfig, steps=8, rounds=1, ar_arm=False,
+                        draw="exact" if draw == "released-fp32" else "released-fp32")
+    assert not torch.equal(student(other).sample(cond, generator=torch.Generator().manual_seed(5)).data, runs[1])
 
 
 def test_config_checks_divisibility():

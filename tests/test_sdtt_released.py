@@ -4,7 +4,6 @@ weights: a golden fixture made with jdeschena/sdtt's own classes (tests/fixtures
 samples), the full-size key set of the released small students, and tiny student folders through the CLI."""
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import torch
 
 from core.errors import UserError
 from methods import sdtt_released as released
-from methods.sdtt import SDTT, SDTTConfig, released_draw
+from methods.sdtt import SDTT, SDTTConfig
 from teachers.families import masked_diffusion as md
 from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
 from tests.fakes import make_config
@@ -38,9 +37,9 @@ def _network() -> MDLMDiT:
     return release.network(release.network_config())
 
 
-def _sample(net, step, seed):
+def _sample(net, draw, seed):
     return md.sample_ancestral(lambda z: md.subs(net(z), z, MASK), torch.zeros(4, 0, dtype=torch.long), 12, MASK,
-                               md.SamplingConfig(steps=6), generator=torch.Generator().manual_seed(seed), step=step)
+                               md.SamplingConfig(steps=6, draw=draw), generator=torch.Generator().manual_seed(seed))
 
 
 def test_the_released_folder_is_read_as_its_revision_says():
@@ -81,13 +80,13 @@ def test_the_official_logits_and_log_probs_are_reproduced(fx):
 
 
 def test_the_official_samples_are_reproduced_token_for_token_by_the_released_draw(fx):
-    """`MultiRoundSDTT.sample` after torch.manual_seed(7) against the family's sampler with `released_draw` and a
-    generator seeded 7 (the same uniforms, in the same order); the exact float64 draw, another law of the same
+    """`MultiRoundSDTT.sample` after torch.manual_seed(7) against the family's sampler with `draw=released-fp32` and
+    a generator seeded 7 (the same uniforms, in the same order); the exact float64 draw, another law of the same
     distribution, gives other tokens."""
     net = _network()
-    same = _sample(net, functools.partial(md.reverse_step, draw_fn=released_draw), fx["sample_seed"])
+    same = _sample(net, "released-fp32", fx["sample_seed"])
     assert torch.equal(same.data, fx["samples"]) and same.counters["nfe"] == 4 * fx["sample_steps"]
-    assert not torch.equal(_sample(net, None, fx["sample_seed"]).data, fx["samples"])
+    assert not torch.equal(_sample(net, "exact", fx["sample_seed"]).data, fx["samples"])
 
 
 def test_broken_variants_do_not_reproduce_them(fx):
@@ -156,7 +155,8 @@ def test_a_mismatched_or_missing_student_is_one_line(tmp_path, monkeypatch):
 
 def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     """Tiny files in the official formats (`write_sdtt_checkpoints`, `write_sdtt_student`): the round-2 tvd student and
-    the round-1 kld student in the released draw, into MLflow and a report; a missing student stops at plan time."""
+    the round-1 kld student in the released draw (every arm's: the run's `draw` and `ref.draw`), into MLflow and a
+    report; a missing student stops at plan time."""
     from mlflow.tracking import MlflowClient
 
     import cli
@@ -174,7 +174,7 @@ def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
               "--metric", "entropy"]
     runs = [["--param", "student=baselines_tvd_step_20000", "--param", "student_steps=4"],
             ["--param", "student=baselines_kld_step_10000", "--param", "student_steps=2",
-             "--param", "student_draw=released-fp32"]]
+             "--param", "draw=released-fp32"]]
     for args in runs:
         assert cli.main(["run", *common, *args]) == 0, args
     assert not (tmp_path / "c" / "sdtt-ema").exists()  # nothing trained
@@ -187,6 +187,9 @@ def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     assert tvd.data.metrics["fit/student_sampling_steps"] == 4 and tvd.data.metrics["nfe_per_sample"] in (4, 5)
     assert kld.data.metrics["nfe_per_sample"] in (2, 3) and "same_steps/nfe_per_sample" in kld.data.metrics
     assert "caveat.sdtt_released_weights" in tvd.data.tags and "caveat.sdtt_draw" not in kld.data.tags
+    assert "caveat.sdtt_draw" in tvd.data.tags
+    assert [(r.data.params["draw"], r.data.params["ref.draw"]) for r in (tvd, kld)] == [("exact", "exact"),
+                                                                                        ("released-fp32",) * 2]
     assert cli.main(["report", "--tracking-uri", store, "--experiment", "released", "--out", str(tmp_path / "r")]) == 0
     assert "## mdlm-owt" in (tmp_path / "r" / "REPORT.md").read_text()
     missing = ["run", *common, "--param", "student=baselines_kld_step_70000"]
@@ -197,6 +200,35 @@ def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"MISSING  {ckpt}/baselines_kld_step_70000/model.safetensors" in out and "fit: trains" not in out
     assert "method     9 step" in out and "same_steps 9 step" in out
+
+
+def test_the_prompted_teachers_webtext_file_is_listed_and_required(tmp_path, capsys, monkeypatch):
+    """`mdlm-owt-prompted` reads its prompts from webtext.test.jsonl at load: sdtt-fig5's dry run lists it (missing
+    against an empty folder, there beside the tiny files), a run without it stops at plan time in one line, and the
+    teacher's key is the one it had before the file was listed."""
+    import cli
+    from tests.fakes import TinyMDLMOWTPrompted, write_sdtt_checkpoints
+
+    monkeypatch.chdir(tmp_path)
+    empty, ckpt = tmp_path / "empty", tmp_path / "checkpoints"
+    empty.mkdir()
+    ckpt.mkdir()
+    write_sdtt_checkpoints(ckpt)
+    fig5 = Path(__file__).parents[1] / "suites" / "papers" / "sdtt-fig5.yaml"
+    assert cli.main(["suite", str(fig5), "--dry-run", "--checkpoints", str(empty)]) == 0
+    assert f"MISSING  {empty}/webtext.test.jsonl" in capsys.readouterr().out
+    run = ["run", "--teacher", "mdlm-owt-prompted", "--method", "mdlm", "--checkpoints", str(ckpt), "--n-samples",
+           "5", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--cache-dir", str(tmp_path / "cache")]
+    assert cli.main([*run, "--dry-run"]) == 0
+    assert f"ok       {ckpt}/webtext.test.jsonl" in capsys.readouterr().out
+    assert [p.name for p in TinyMDLMOWTPrompted.key_files()] == [
+        "config.json", "model.safetensors", "tokenizer_config.json", "tokenizer.json", "vocab.json",
+        "webtext.test.jsonl"]
+    (ckpt / "webtext.test.jsonl").unlink()
+    assert cli.main(run) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"missing {ckpt}/webtext.test.jsonl: place " in err and "WebText's test file" in err and "\n" not in err
+    assert not (tmp_path / "cache").exists()  # refused before any work
 
 
 def test_list_names_the_student_knob(capsys):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,16 +27,40 @@ SAMPLING_EPS = 1e-5  # the sampler's last time and the smallest training time
 NEG = -1e6  # SUBS' "impossible" log-probability, finite (as in MDLM's code) so that 0 * NEG stays 0 in divergences
 
 
+def released_draw(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """The released samplers' draw from unnormalised q (..., V): argmax of q / E with E = 1e-10 - log(U + 1e-10), U
+    uniform, in float32 (MDLM's `_sample_categorical`, kuleshov-group/mdlm c112c52 diffusion.py:24-28; SDTT's
+    `sample_categorical`, jdeschena/sdtt 9172b86 src/sdtt/core/sampling/ancestral.py:5-9; q is float32 there: the
+    exp of the network's float32 log-probs). An exponential race, exact in real numbers; in float32 its rounding
+    truncates the race, which lowers the diversity of the draws and the generative perplexity (Zheng et al. 2024a, the
+    reason SDTT's App. A samples in float64). -> (...)"""
+    q = q.float()
+    u = torch.rand(q.shape, generator=generator, device=q.device)
+    return (q / (1e-10 - (u + 1e-10).log())).argmax(-1)
+
+
+# Each step's draw of the tokens it unmasks: "exact", the float64 inverse-CDF draw (`ar_token.draw`), or
+# "released-fp32", the released samplers' float32 race (`released_draw`), as SDTT's paper runs sample (§4: bf16
+# networks, this draw; its App. A float64 runs are what "exact" stands for)
+Draw = Literal["exact", "released-fp32"]
+DRAWS: dict[str, Callable] = {"exact": draw, "released-fp32": released_draw}
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     steps: int = 64  # T ancestral steps from t = 1 to t = SAMPLING_EPS
     # MDLM's ddpm_cache: the denoiser ignores t, so after a step that unmasks nothing the next forward pass would
     # return the same x_theta; reuse it (fewer NFE, the same samples). SDTT samples without it.
     cache: bool = False
+    # `DRAWS`: one setting for every arm of a trial (the reference arm samples with this config, SDTT's student and
+    # same-step arms with a copy of it), so a comparison never pits one draw's precision against another's
+    draw: Draw = "exact"
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
 
 
 class MaskedDiffusionLM(Protocol):
@@ -103,8 +127,8 @@ def reverse_step(logp: torch.Tensor, z: torch.Tensor, t: float | torch.Tensor, s
                  generator: torch.Generator | None, draw_fn: Callable = draw) -> torch.Tensor:
     """One ancestral step z_t -> z_s (MDLM Eq. 7 with SUBS): a masked token stays masked with probability
     (1 - alpha_s) / (1 - alpha_t), else takes a token drawn from x_theta; unmasked tokens are carried over.
-    t and s are floats or per-sequence (B,) tensors. `draw_fn(q, generator)` draws from the unnormalised q (default:
-    the exact float64 draw; SDTT's released float32 race is `methods.sdtt.released_draw`)."""
+    t and s are floats or per-sequence (B,) tensors. `draw_fn(q, generator)` draws from the unnormalised q (one of
+    `DRAWS`; default: the exact float64 draw)."""
     mc_t, mc_s = (torch.as_tensor(mask_prob(torch.as_tensor(v, dtype=torch.float64)), device=z.device)
                   .reshape(-1, 1, 1) for v in (t, s))  # (B or 1, 1, 1)
     q = logp.double().exp() * (mc_t - mc_s)  # (B, L, V + 1), unnormalised by mc_t (the draw normalises)
@@ -119,13 +143,13 @@ def time_grid(steps: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], cond: torch.Tensor, seq_len: int, mask_id: int,
-                     s: SamplingConfig, *, generator: torch.Generator, step: Callable | None = None) -> Samples:
+                     s: SamplingConfig, *, generator: torch.Generator) -> Samples:
     """T ancestral steps from all-MASK, then MDLM's "noise removal": if a token is still masked, one more forward pass
     fills every masked token with its argmax. NFE counts real forward passes (fewer than T with `cache`).
 
     `cond` (B, P) is a prompt, P = 0 for unconditional samples: its tokens fill the first P positions from the start,
     unmasked, so SUBS carries them through every step (the in-painting of SDTT's `project_fn`, which writes the
-    prompt back after each step, gives the same samples). `step` replaces `reverse_step` (same arguments)."""
+    prompt back after each step, gives the same samples). Each step draws as `s.draw` says."""
     batch, device = len(cond), cond.device
     z = torch.full((batch, seq_len), mask_id, dtype=torch.long, device=device)
     z[:, : cond.shape[1]] = cond
@@ -134,7 +158,7 @@ def sample_ancestral(denoise: Callable[[torch.Tensor], torch.Tensor], cond: torc
     for t, t_next in zip(ts[:-1], ts[1:]):
         if logp is None or not s.cache:
             logp, nfe = denoise(z), nfe + 1
-        z_next = (step or reverse_step)(logp, z, t, t_next, mask_id, generator)
+        z_next = reverse_step(logp, z, t, t_next, mask_id, generator, draw_fn=DRAWS[s.draw])
         if not torch.equal(z_next, z):
             logp = None
         z = z_next

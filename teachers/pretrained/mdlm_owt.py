@@ -98,7 +98,7 @@ class MDLMOWT(LocalFilesTeacher):
         from transformers import AutoTokenizer
 
         cls.require_files()
-        config, weights, tokenizer_config = cls.files()
+        config, weights, tokenizer_config, *_ = cls.files()  # then the prompted protocol's WebText file
         gpt2 = tokenizer_config.parent
         state = {k.removeprefix(PREFIX): v for k, v in read_safetensors(weights).items()}
         try:
@@ -176,8 +176,20 @@ class MDLMOWTPrompted(MDLMOWT):
         return *super().key_parts(), cls.protocol, cls.prompt_tokens, cls.length, cls.continuations, cls.n_prompts
 
     @classmethod
+    def local_files(cls) -> tuple[str, ...]:
+        """MDLM-OWT's, and WebText's test file, which `load` reads the prompts from: a dry run lists it and a run
+        missing it stops at plan time, like the weights."""
+        return *super().local_files(), webtext.path("test", Path()).as_posix()
+
+    @classmethod
+    def hint(cls) -> str:
+        return f"{super().hint()}, and WebText's test file (openai/gpt-2-output-dataset)"
+
+    @classmethod
     def key_files(cls) -> tuple[Path, ...]:
-        return *super().key_files(), webtext.path("test", cls.root())
+        test = webtext.path("test", cls.root())
+        # the test file last, where it was before it was one of `local_files`: the same files keep their key
+        return *(p for p in super().key_files() if p != test), test
 
     @classmethod
     def evaluation_data(cls) -> tuple[str, dict]:
