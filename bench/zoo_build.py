@@ -53,7 +53,8 @@ def distinct(plans: tuple[Plan, ...]) -> list[Plan]:
 
 def prepare(p: Plan, cache: Cache) -> None:
     """What the runner builds for a trial before sampling: the teacher, the fitted method, its extra arms."""
-    teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, checkpoints=p.checkpoints)
+    teacher = load_teacher(p.trial.teacher, cache=cache, device=p.device, checkpoints=p.checkpoints,
+                           params=p.trial.teacher_params)
     method = p.method_cls(teacher, p.config)
     method.fit(cache=cache, checkpoints=p.checkpoints)
     method.extra_arms(cache=cache, device=p.device, checkpoints=p.checkpoints)

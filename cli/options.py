@@ -112,11 +112,11 @@ def method_knobs(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="a method knob; repeatable")
 
 
-def parse_params(items: list[str]) -> dict[str, str]:
+def parse_params(items: list[str], option: str = "--param") -> dict[str, str]:
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UserError(f"--param expects KEY=VALUE, got {item!r}")
+            raise UserError(f"{option} expects KEY=VALUE, got {item!r}")
         params[key.strip()] = value.strip()
     return params

@@ -32,6 +32,9 @@ class Trial:
     dtype: str = "fp32"  # fp32, bf16 or fp16 (autocast)
     tf32: bool = False  # TF32 matmuls on CUDA
     compile: bool = False  # torch.compile the networks' blocks
+    # Settings of the teacher beyond its name (`LocalFilesTeacher.params`: a prompt file, a decoding mode), e.g.
+    # {prompts: PartiPrompts.tsv}; files are resolved against the checkpoints folder.
+    teacher_params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         for name in ("n_samples", "batch_size", "metric_repeats"):
@@ -50,12 +53,17 @@ class Trial:
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"trial: {name} must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "params", dict(self.params))
+        object.__setattr__(self, "teacher_params", dict(self.teacher_params))
         object.__setattr__(self, "metrics", tuple(self.metrics))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["metrics"] = list(self.metrics)
         d["params"] = dict(sorted(self.params.items()))
+        if self.teacher_params:
+            d["teacher_params"] = dict(sorted(self.teacher_params.items()))
+        else:  # so that a trial setting none keeps the key it had before teachers took settings
+            del d["teacher_params"]
         return d
 
     def key(self) -> str:
@@ -82,6 +90,8 @@ class Trial:
         kwargs = dict(data)
         if not isinstance(kwargs.get("params", {}), Mapping):
             raise UserError("trial: params must be a mapping of knob -> value")
+        if not isinstance(kwargs.get("teacher_params", {}), Mapping):
+            raise UserError("trial: teacher_params must be a mapping of name -> value")
         metrics = kwargs.get("metrics", ())
         if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
             raise UserError("trial: metrics must be a list of metric names")

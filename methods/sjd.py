@@ -98,10 +98,13 @@ def exact_match_rule(P, drafts, qs, S, n_valid, generator):
 
 
 class _Drafter:
-    """Fills new draft slots; fresh drafts carry a one-hot draft distribution, which keeps SJD exact for any rule."""
+    """Fills new draft slots; fresh drafts carry a one-hot draft distribution, which keeps SJD exact for any rule.
+    Random drafts are uniform over `draft` (the teacher's `draft_tokens`: SJD's release draws Chameleon's 8192 image
+    tokens, scheduler/jacobi_iteration_lumina_mgpt.py:502-509 with `img_vocab` of :879-886), or over the whole
+    vocabulary when it is None."""
 
-    def __init__(self, scheme: str, vocab: int, row: int, generator):
-        self.scheme, self.vocab, self.row, self.generator = scheme, vocab, row, generator
+    def __init__(self, scheme: str, vocab: int, row: int, generator, draft: torch.Tensor | None = None):
+        self.scheme, self.vocab, self.row, self.generator, self.draft = scheme, vocab, row, generator, draft
 
     def fill(self, start: torch.Tensor, stop: torch.Tensor, seq: torch.Tensor, dists: torch.Tensor) -> None:
         """Per row m, write drafts into seq[m, start[m]:stop[m]] and their one-hot distributions into dists."""
@@ -114,8 +117,11 @@ class _Drafter:
         fresh = offset < width[:, None]  # (M, J)
         rows = torch.arange(len(seq), device=seq.device)[:, None].expand_as(cols)
         r, pos = rows[fresh], cols[fresh]
-        if self.scheme == "random":
+        if self.scheme == "random" and self.draft is None:
             seq[r, pos] = torch.randint(self.vocab, (len(r),), generator=self.generator, device=seq.device)
+        elif self.scheme == "random":
+            draft = self.draft.to(seq.device)
+            seq[r, pos] = draft[torch.randint(len(draft), (len(r),), generator=self.generator, device=seq.device)]
         elif self.scheme == "repeat-left":  # every new draft repeats its left neighbour: the last known token
             seq[r, pos] = seq[r, start[r] - 1]
         else:  # the source may be a slot filled in this same call, so go left to right
@@ -149,7 +155,7 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
         raise UserError(refusal)
     ragged = B > 1  # a lone row needs no per-row lengths
     greedy = s.greedy
-    drafter = _Drafter(c.init, V, teacher.grid[-1], generator)
+    drafter = _Drafter(c.init, V, teacher.grid[-1], generator, ar_token.draft_vocabulary(teacher))
     state, logits = teacher.start(cond, cfg=s.cfg, ragged=True) if ragged else teacher.start(cond, cfg=s.cfg)
     P0 = process(logits, s)  # (B, V)
     device = P0.device

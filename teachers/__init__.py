@@ -13,8 +13,9 @@ reads (`teacher_class`, `load_teacher`). Declared below by import path: importin
 them (`core.registry`).
 """
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from core.errors import UserError
 from core.registry import TEACHERS
 
 TEACHERS.register("digits-ar-c2i", "teachers.tiny.registered:DigitsARClass")
@@ -57,18 +58,23 @@ TEACHERS.register_prefix("hf:", "teachers.pretrained.hf_folder:teacher_class")  
 _LOADED: dict[tuple, Any] = {}  # a suite or sweep runs many trials per process: load each teacher once
 
 
-def teacher_class(name: str, checkpoints: Path) -> type:
-    """The registered teacher `name`; one made of local files reads them in `checkpoints` (`--checkpoints`)."""
+def teacher_class(name: str, checkpoints: Path, params: Mapping[str, Any] | None = None) -> type:
+    """The registered teacher `name`; one made of local files reads them in `checkpoints` (`--checkpoints`), with the
+    settings `params` (`Trial.teacher_params`, checked by `LocalFilesTeacher.at`); another takes none."""
     cls = TEACHERS.get(name)
-    return cls.at(checkpoints) if hasattr(cls, "at") else cls
+    if hasattr(cls, "at"):
+        return cls.at(checkpoints, params)
+    if params:
+        raise UserError(f"teacher {name!r} takes no teacher_params, got {', '.join(sorted(params))}")
+    return cls
 
 
-def load_teacher(name: str, *, cache, device, checkpoints: Path):
-    """The registered teacher `name` (its files in `checkpoints`), loaded (or trained, and reported:
-    `core.training.report_training`) once per process, cache root and device: the runner's teacher, SDTT's causal-LM
-    arm and the gen-PPL evaluators all come from here."""
-    cls = teacher_class(name, checkpoints)
-    key = (name, cls.key(), str(cache.root), str(device))
+def load_teacher(name: str, *, cache, device, checkpoints: Path, params: Mapping[str, Any] | None = None):
+    """The registered teacher `name` (its files in `checkpoints`, its settings `params`), loaded (or trained, and
+    reported: `core.training.report_training`) once per process, cache root and device: the runner's teacher, SDTT's
+    causal-LM arm and the gen-PPL evaluators all come from here."""
+    cls = teacher_class(name, checkpoints, params)
+    key = (name, cls.key(), tuple(sorted(getattr(cls, "settings", {}).items())), str(cache.root), str(device))
     if key not in _LOADED:
         _LOADED[key] = cls.load(name, cache=cache, device=device)
     return _LOADED[key]

@@ -30,6 +30,12 @@ def anole():
     return tiny_chameleon_teacher(TinyAnole)
 
 
+@pytest.fixture(scope="module")
+def lumina_separator(tmp_path_factory):
+    """Lumina-mGPT guided as SJD's release guides it (`uncond: separator`)."""
+    return tiny_chameleon_teacher(TinyLumina.at(tmp_path_factory.mktemp("unused"), {"uncond": "separator"}))
+
+
 @pytest.mark.parametrize("size, n", [(512, 1061), (768, 2357), (1024, 4165)])
 def test_lumina_outputs_are_the_papers_token_counts(size, n):
     """768 px: 2357 AR steps (SJD paper, App. C and Fig. 15); 1024 px: 4165 (App. C)."""
@@ -63,12 +69,13 @@ def official_allowed(kind: str, t: int, side: int, ids: dict) -> int | None:
     return ids["sep"] if n + 1 > (side + 1) * side + 1 else None
 
 
-def reference_probs(teacher, kind: str, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
+def reference_probs(teacher, kind: str, prompt: str, tokens: torch.Tensor, separator: bool) -> torch.Tensor:
     """(N, V) sampling distributions of one sequence without a cache or padding, from transformers' own
     `ChameleonForConditionalGeneration.from_pretrained` of the per-head folder: the conditional pass over BOS + the
     template + separator + outputs; the unconditional pass over the outputs alone from the image-start token
-    (`get_unconditional_logits`), guided s (c - u) + u once the size tokens are out (Lumina; from the start token on
-    for Anole), the structure, top-k, softmax."""
+    (Lumina-mGPT's `get_unconditional_logits`) or, with `separator` (Anole; Lumina-mGPT's `uncond: separator`),
+    over the separator and the outputs (SJD's masked prompt), guided s (c - u) + u once the size tokens are out
+    (Lumina; from the start token on for Anole), the structure, top-k, softmax."""
     from transformers import AutoTokenizer, ChameleonForConditionalGeneration
 
     folder = TinyLuminaHF.path()
@@ -79,8 +86,11 @@ def reference_probs(teacher, kind: str, prompt: str, tokens: torch.Tensor) -> to
     head = lambda x: model.lm_head(model.model(input_ids=torch.tensor([x])).last_hidden_state)[0]  # noqa: E731
     with torch.no_grad():
         cond = head(ids + tokens[:-1].tolist())[len(ids) - 1 :]  # (N, V)
-        uncond = torch.cat([cond[:1], head(tokens[:-1].tolist())])  # output 0 has no unconditional pass
-    guided_from = 3 if kind == "lumina" else 1
+        if separator:
+            uncond = head([ids[-1], *tokens[:-1].tolist()])  # the separator at position 0, then the outputs
+        else:
+            uncond = torch.cat([cond[:1], head(tokens[:-1].tolist())])  # output 0 has no unconditional pass
+    guided_from = 3 if kind == "lumina" else 0
     logits = torch.cat([cond[:guided_from], CFG * (cond - uncond)[guided_from:] + uncond[guided_from:]])
     names = {"start": START, "end": END, "newline": NEWLINE, "sep": SEPARATOR, "size": size_token(1)}
     ids_ = {k: tok.convert_tokens_to_ids(v) for k, v in names.items()}
@@ -103,19 +113,20 @@ def valid_sequence(teacher, g: torch.Generator) -> torch.Tensor:
     return seq
 
 
-@pytest.mark.parametrize("kind", ["lumina", "anole"])
-def test_sampling_distributions_equal_an_uncached_reference_of_the_official_processors(kind, lumina, anole):
-    """Our batched rows (prompts of different lengths left-padded, the unconditional rows' prompts all masked, one
+@pytest.mark.parametrize("kind, separator", [("lumina", False), ("lumina", True), ("anole", True)])
+def test_sampling_distributions_equal_an_uncached_reference_of_the_official_processors(kind, separator, lumina,
+                                                                                       lumina_separator, anole):
+    """Our batched rows (prompts of different lengths left-padded, the unconditional rows' prompts masked, one
     cache) give the reference's distribution at every output position; the Lumina teacher reads the per-shard QK
     norms, the reference the per-head folder."""
-    teacher = lumina if kind == "lumina" else anole
+    teacher = anole if kind == "anole" else lumina_separator if separator else lumina
     picks, g = [0, 2], torch.Generator().manual_seed(0)
     assert len({len(teacher.prompt_ids[i]) for i in picks}) == 2
     tokens = torch.stack([valid_sequence(teacher, g) for _ in picks])  # (2, N)
     state, first = teacher.start(torch.tensor([[i] for i in picks]), cfg=CFG)
     logits = torch.cat([first[:, None], teacher.extend(state, tokens[:, :-1])], 1)  # (2, N, V)
     ours = ar_token.process(logits, ar_token.SamplingConfig(top_k=TOP_K, cfg=CFG))
-    expected = torch.stack([reference_probs(teacher, kind, CHAMELEON_PROMPTS[i], tokens[r])
+    expected = torch.stack([reference_probs(teacher, kind, CHAMELEON_PROMPTS[i], tokens[r], separator)
                             for r, i in enumerate(picks)])
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
 
@@ -170,6 +181,20 @@ def test_sjd_whose_rollback_keeps_stale_positions_is_detected():
     assert sjd_p(broken, 200) < 1e-3
 
 
+def test_anole_is_guided_by_sjds_masked_prompt_and_drafts_image_tokens(lumina, lumina_separator, anole, tmp_path):
+    """Anole's unconditional prompt is its prompt's last token, the separator (SJD's release masks the rest), and
+    Lumina-mGPT's under `uncond: separator`; both teachers draw random drafts from the image tokens."""
+    from core.errors import UserError
+
+    assert anole.unconditional_prompt == [anole.prompt_ids[0][-1]] == [anole._id(SEPARATOR)]
+    assert lumina_separator.unconditional_prompt == [lumina.prompt_ids[0][-1]] and lumina.unconditional_prompt == []
+    with pytest.raises(UserError, match="unknown teacher param 'uncond'; valid: prompts"):
+        TinyAnole.at(tmp_path, {"uncond": "image-start"})
+    for teacher in (lumina, anole):
+        assert torch.equal(teacher.draft_tokens, teacher.image_tokens.nonzero().squeeze(1))
+        assert len(teacher.draft_tokens) == 6 < teacher.vocab_size
+
+
 def test_decoded_images_are_the_vqgans_of_the_image_codes(lumina, anole):
     """The newline tokens leave the rows, BPE ids become VQGAN codes (IMGIMG names), and the decoder maps [-1, 1] to
     [0, 1]."""
@@ -193,7 +218,6 @@ def test_the_chameleon_loaders_run_ar_jacobi_and_sjd_from_the_cli(teacher, plugi
 def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):
     import cli
 
-    monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
     args = ["run", "--teacher", "lumina-mgpt-7b-768", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
     err = refused_by_the_cli(capsys, *args)

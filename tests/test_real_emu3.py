@@ -149,8 +149,7 @@ def test_dd_on_emu3_is_refused_in_one_line(teacher):
         DD(teacher, DDConfig())
 
 
-def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
+def test_missing_emu3_files_are_one_line(tmp_path, capsys):
     args = ["run", "--teacher", "emu3-gen", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
     err = refused_by_the_cli(capsys, *args)
@@ -159,7 +158,7 @@ def test_missing_emu3_files_are_one_line(tmp_path, capsys, monkeypatch):
     for name in ("config.json", "tokenizer_config.json", "processor_config.json", "model.safetensors"):
         (tmp_path / "Emu3-Gen-hf" / name).touch()
     err = refused_by_the_cli(capsys, *args)
-    assert f"missing {tmp_path}/captions_val2017.json" in err and "ACCELBENCH_PROMPTS" in err
+    assert f"missing {tmp_path}/captions_val2017.json" in err and "--teacher-param prompts=FILE" in err
 
 
 def test_prompt_files_in_each_format(tmp_path):

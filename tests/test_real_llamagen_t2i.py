@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core.config import build_config
+from core.trial import Trial
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, t2i_config
 from tests.fakes import refused_by_the_cli, ar_methods_through_the_cli
@@ -133,6 +134,29 @@ def test_the_t2i_loader_runs_ar_jacobi_and_sjd_from_the_cli(plugin, tmp_path):
     assert all(r.info.status == "FINISHED" and r.data.metrics["ref/nfe_per_sample"] == 16 for r in runs)
 
 
+def test_sjds_minmax_images_are_its_scripts_bytes_and_differ_from_the_value_range_ones(teacher, tmp_path):
+    """`decode: minmax` gives, after the metrics' rounding to 8 bits, the bytes SJD's test_llamagen.py:188-191 writes:
+    clamp, stretch by the image's own min and max, truncating uint8 cast (by hand in numpy below); the default
+    `value-range` ((x + 1) / 2) gives other images."""
+    from core.errors import UserError
+    from metrics.inception import to_uint8
+
+    stretched = TinyLlamaGenT2I.at(tmp_path, {"decode": "minmax"}).load("t", cache=None, device=torch.device("cpu"))
+    tokens = torch.randint(32, (3, 16), generator=torch.Generator().manual_seed(0))
+    samples = teacher.vq(tokens, teacher.grid)  # the VQ's output, about [-1, 1]
+    for b in range(len(tokens)):
+        images = samples[b : b + 1].clamp(min=-1, max=1)
+        images = (images - images.min()) / (images.max() - images.min()) * 255
+        by_hand = torch.from_numpy(images[0].permute(1, 2, 0).numpy().astype("uint8")).permute(2, 0, 1)
+        assert torch.equal(to_uint8(stretched.decode(tokens[b : b + 1]))[0], by_hand)
+    assert torch.equal(teacher.decode(tokens), ((samples + 1) / 2).clamp(0, 1))
+    assert not torch.equal(to_uint8(stretched.decode(tokens)), to_uint8(teacher.decode(tokens)))
+    with pytest.raises(UserError, match="decode must be one of value-range, minmax, got 'stretch'"):
+        TinyLlamaGenT2I.at(tmp_path, {"decode": "stretch"})
+    with pytest.raises(UserError, match="unknown teacher param 'decoder'; valid: decode, prompts"):
+        TinyLlamaGenT2I.at(tmp_path, {"decoder": "minmax"})
+
+
 def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
     from core.errors import UserError
     from methods.dd import DD, DDConfig
@@ -141,8 +165,7 @@ def test_dd_on_the_t2i_teacher_is_refused_in_one_line(teacher):
         DD(teacher, DDConfig())
 
 
-def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("ACCELBENCH_PROMPTS", raising=False)
+def test_missing_t2i_files_are_one_line(tmp_path, capsys):
     args = ["run", "--teacher", "llamagen-t2i-xl-512", "--method", "sjd", "--checkpoints", str(tmp_path),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
     err = refused_by_the_cli(capsys, *args)
@@ -158,6 +181,31 @@ def test_missing_t2i_files_are_one_line(tmp_path, capsys, monkeypatch):
     err = refused_by_the_cli(capsys, *args)
     assert f"missing {tmp_path}/captions_val2017.json" in err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_trial_names_its_prompt_file_refused_in_one_line_and_listed_by_a_dry_run(tmp_path, capsys):
+    """The teacher param `prompts` (a suite's `teacher_params`), relative to --checkpoints: a missing file is one
+    line naming it, a dry run lists it, and an unknown teacher param or a teacher that takes none is refused."""
+    import cli
+
+    for name in ("t2i_XL_stage1_256.pt", "vq_ds16_t2i.pt", "flan-t5-xl/config.json", "flan-t5-xl/tokenizer_config.json",
+                 "flan-t5-xl/model.safetensors", "captions_val2017.json"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).touch()
+    args = ["run", "--teacher", "llamagen-t2i-xl-256", "--method", "sjd", "--checkpoints", str(tmp_path),
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--teacher-param", "prompts=PartiPrompts.tsv"]
+    err = refused_by_the_cli(capsys, *args)
+    assert f"missing {tmp_path}/PartiPrompts.tsv: place PartiPrompts.tsv in {tmp_path}," in err
+    assert cli.main([*args, "--dry-run"]) == 0
+    assert f"{tmp_path}/PartiPrompts.tsv" in capsys.readouterr().out
+    assert "unknown teacher param 'prompt'; valid: decode, prompts" in refused_by_the_cli(
+        capsys, *args[:-1], "prompt=PartiPrompts.tsv")
+    assert "teacher 'digits-ar-t2i' takes no teacher_params, got prompts" in refused_by_the_cli(
+        capsys, *args[:2], "digits-ar-t2i", *args[3:])
+    assert not (tmp_path / "mlflow.db").exists()
+    plain = Trial(teacher="llamagen-t2i-xl-256", method="sjd")
+    named = Trial(teacher="llamagen-t2i-xl-256", method="sjd", teacher_params={"prompts": "PartiPrompts.tsv"})
+    assert "teacher_params" not in plain.to_dict() and named.key() != plain.key()  # keys of trials without: as before
 
 
 def test_a_checkpoint_of_another_size_is_one_clear_error():

@@ -58,6 +58,55 @@ def test_sjd_matches_the_exact_distribution(knobs):
     assert table_p(sjd_config(**knobs), speculative_rule) > ALPHA
 
 
+def subset_teacher(vocab=3, draft=(0, 2)):
+    """A table model whose random drafts come from a strict subset of its vocabulary (`draft_tokens`), as an image
+    model's from its image tokens."""
+    teacher = TableAR(vocab=vocab, seq_len=4)
+    teacher.draft_tokens = torch.tensor(draft)
+    return teacher
+
+
+@pytest.mark.parametrize("knobs", [{"window": 3}, {"window": 4, "top_k": 2, "cfg": 2.0}])
+def test_sjd_with_a_strict_subset_draft_vocabulary_matches_the_exact_distribution(knobs):
+    assert table_p(sjd_config(init="random", **knobs), speculative_rule, subset_teacher()) > ALPHA
+
+
+def test_a_draft_distribution_uniform_over_the_vocabulary_is_detected_with_a_subset(monkeypatch):
+    """The broken variant for a draft vocabulary: fresh drafts verified against the uniform law over every id (the
+    law of whole-vocabulary draws) instead of their one-hot. That law is the true proposal of whole-vocabulary drafts,
+    so they stay exact; drawn from a strict subset they do not, and the same test must fail."""
+    fill = sjd._Drafter.fill
+
+    def uniform_q(self, start, stop, seq, dists):
+        fill(self, start, stop, seq, dists)
+        for m in range(len(seq)):
+            dists[m, int(start[m]) : int(stop[m])] = 1 / self.vocab
+
+    monkeypatch.setattr(sjd._Drafter, "fill", uniform_q)
+    assert table_p(sjd_config(window=3, init="random"), speculative_rule) > ALPHA
+    assert table_p(sjd_config(window=3, init="random"), speculative_rule, subset_teacher()) < ALPHA
+
+
+def test_random_drafts_come_from_the_declared_tokens_only(monkeypatch):
+    teacher = subset_teacher(vocab=5, draft=(1, 3))
+    seen = Counter()
+    fill = sjd._Drafter.fill
+
+    def spy(self, start, stop, seq, dists):
+        fill(self, start, stop, seq, dists)
+        for m in range(len(seq)):
+            seen.update(seq[m, int(start[m]) : int(stop[m])].tolist())
+
+    monkeypatch.setattr(sjd._Drafter, "fill", spy)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        jacobi_decode(teacher, COND, sjd_config(window=4, init="random"), g, speculative_rule)
+    assert set(seen) == {1, 3}
+    for bad in ((), (0, 5)):
+        with pytest.raises(ValueError, match="non-empty 1-D set of ids in"):
+            ar_token.draft_vocabulary(subset_teacher(vocab=5, draft=bad))
+
+
 def test_sampling_jacobi_matches_the_exact_distribution():
     assert table_p(sjd_config(window=3), exact_match_rule) > ALPHA
 

@@ -1,8 +1,10 @@
 """Text prompts for text-to-image teachers of real checkpoints, read from a local file (nothing is downloaded).
 
 The SJD paper (arXiv:2410.01699, Sec. 4.1; docs/methods/sjd.md) scores its T2I models on MS-COCO 2017 val (5,000
-prompts, one caption per image) and on PartiPrompts (1,632). The file is `$ACCELBENCH_PROMPTS`, else COCO's caption
-annotations `captions_val2017.json` in the checkpoints folder (`--checkpoints`). Three formats, by suffix:
+prompts, one caption per image) and on PartiPrompts (1,632). The file is the teacher's setting `prompts`
+(`Trial.teacher_params`, a suite's trials name theirs: `teachers.pretrained.prompted.PromptSet`), relative to the
+checkpoints folder (`--checkpoints`) or absolute; by default COCO's caption annotations `captions_val2017.json` there.
+Three formats, by suffix:
 - `.json`: COCO caption annotations; one prompt per image, the first of its captions in the file's order, images in
   id order. The SJD code means to take each image's longest caption but, its running maximum never being reset, in
   effect takes one at a fixed index (docs/methods/sjd.md); the first caption is the plain reading of "one per image".
@@ -12,23 +14,19 @@ annotations `captions_val2017.json` in the checkpoints folder (`--checkpoints`).
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from core.cache import CHECKPOINTS_ENV
 from core.errors import UserError
 from core.files import read_json, read_text
 
-PROMPTS_ENV = "ACCELBENCH_PROMPTS"
 COCO_CAPTIONS = "captions_val2017.json"
 FORMATS = (".json", ".tsv", ".txt")
 
 
-def prompt_file(checkpoints: Path) -> Path:
-    """`$ACCELBENCH_PROMPTS`, else `captions_val2017.json` in the checkpoints folder."""
-    if os.environ.get(PROMPTS_ENV):
-        return Path(os.environ[PROMPTS_ENV]).expanduser()
-    return checkpoints / COCO_CAPTIONS
+def prompt_file(checkpoints: Path, name: str = COCO_CAPTIONS) -> Path:
+    """The prompt file `name`: in the checkpoints folder, unless absolute."""
+    return checkpoints / Path(name).expanduser()
 
 
 def missing_prompts(path: Path) -> str | None:
@@ -36,9 +34,10 @@ def missing_prompts(path: Path) -> str | None:
     if path.suffix not in FORMATS:
         return f"prompt file {path}: unknown format {path.suffix!r}; valid: {', '.join(FORMATS)}"
     if not path.is_file():
-        return (f"missing {path}: place {COCO_CAPTIONS} (MS-COCO 2017 caption annotations) in {path.parent}, name "
-                f"its folder with --checkpoints or {CHECKPOINTS_ENV}, or name a prompt file ({', '.join(FORMATS)}) "
-                f"with {PROMPTS_ENV}")
+        what = f"{COCO_CAPTIONS} (MS-COCO 2017 caption annotations)" if path.name == COCO_CAPTIONS else path.name
+        return (f"missing {path}: place {what} in {path.parent}, name its folder with --checkpoints or "
+                f"{CHECKPOINTS_ENV}, or name another prompt file ({', '.join(FORMATS)}) with the teacher param "
+                f"prompts (--teacher-param prompts=FILE; a trial's teacher_params)")
     return None
 
 

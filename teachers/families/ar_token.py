@@ -70,6 +70,10 @@ class ARTokenTeacher(Protocol):
     vocab_size: int
     grid: tuple[int, ...]  # (rows, cols) of an image raster, or (N,) for text
     network: TokenNetwork
+    # Optional: the ids (K,) that random drafts (SJD's and Jacobi decoding's `init: random`) are drawn from, e.g. an
+    # image model's image tokens, as SJD's release draws Chameleon's 8192; absent or None: the whole vocabulary
+    # (`draft_vocabulary`).
+    draft_tokens: torch.Tensor | None
     # Rows of one batch may hold different lengths (speculative and Jacobi decoding commit a different number of
     # tokens per row): `start` takes `ragged=True`, `rollback` per-row lengths (B,), and `select` drops rows. False (or
     # absent): every row has the state's one length, and SJD / Jacobi decode one sequence at a time.
@@ -119,6 +123,19 @@ class GuidedNetworkTeacher:
 
     def select(self, state, rows: torch.Tensor) -> None:
         state.select(rows)
+
+
+def draft_vocabulary(teacher) -> torch.Tensor | None:
+    """The ids (K,) a teacher's random drafts are drawn from (its `draft_tokens`), None for its whole vocabulary; a
+    declared set that is empty or outside [0, vocab_size) is refused in one line."""
+    ids = getattr(teacher, "draft_tokens", None)
+    if ids is None:
+        return None
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if ids.dim() != 1 or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= teacher.vocab_size:
+        raise ValueError(f"draft_tokens of {type(teacher).__name__} must be a non-empty 1-D set of ids in "
+                         f"[0, {teacher.vocab_size}), got shape {tuple(ids.shape)}")
+    return ids
 
 
 def guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)

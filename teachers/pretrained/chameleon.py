@@ -31,13 +31,26 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
 - the structure constraint of `MultiModalLogitsProcessor` (inference_solver.py:134-223): newline and end tokens
   forced, only image tokens elsewhere in the image; the image tokens are the vocabulary map's IMGIMG* entries
   (inference_solver.py:154's ids 4..8195 in the released vocabulary);
-- CFG on raw logits, s (c - u) + u (inference_solver.py:125), whose unconditional branch is the output alone, from the
-  image-start token at position 0 with its own cache (`get_unconditional_logits`): here a row whose prompt is all
-  masked. Lumina-mGPT guides only after the two size tokens, which are forced here, so guiding them too changes
-  nothing. SJD's release builds that branch by masking all of the prompt but its last token, the separator
-  (scheduler/jacobi_iteration_lumina_mgpt.py:758, prefill_num = prompt length - 1): one token of context more than
-  Lumina-mGPT's branch. Anole's transformers `generate` has no CFG; SJD guides it the same way;
-- the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000`, temperature 1.
+- CFG on raw logits, s (c - u) + u (inference_solver.py:125). Lumina-mGPT's unconditional branch is the output
+  alone, from the image-start token at position 0 with its own cache (`get_unconditional_logits`): here a row whose
+  prompt is all masked. Lumina-mGPT guides only after the two size tokens, which are forced here, so guiding them too
+  changes nothing. SJD's release builds that branch by masking all of the prompt but its last token, the separator
+  (scheduler/jacobi_iteration_lumina_mgpt.py:1000, prefill_num = prompt length - 1; :1007-1014 and :755-758 zero the
+  unconditional rows' mask before it), which then sits at position 0 (:703-706): one token of context more than
+  Lumina-mGPT's branch. Lumina-mGPT's teacher param `uncond` names the branch: `image-start` (the default) or
+  `separator`. Anole's transformers `generate` has no CFG, so SJD's is the only official one: Anole's unconditional
+  prompt is the separator (`Anole7B`);
+- the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000` for Lumina-mGPT, whose
+  logits processor applies the top-k (jacobi_iteration_lumina_mgpt.py:440-466), temperature 1. Anole's path stores
+  `image_top_k` (jacobi_iteration_anhole.py:99-102) but never reads it: its `generate` (:136-272) adds only the
+  structure processors, and the top-k is transformers' from the generation config (model_loader.py:404-409 passes
+  none; Anole-7b-v0.1-hf's generation_config.json sets none; transformers 4.47.1, environment.yaml:89, defaults
+  `top_k` to 50, generation/configuration_utils.py:422, appended as `TopKLogitsWarper` after the structure,
+  generation/utils.py:1039-1062): `--param top_k=50` for Anole;
+- random drafts (SJD `init: random`) from the image tokens only (`draft_tokens`), as the release draws them from
+  Chameleon's tokenizer's IMGIMG ids (jacobi_iteration_lumina_mgpt.py:502-509, `img_vocab` of :879-886,
+  lumina_mgpt/model/chameleon_vae_ori/vocab.py:55-56) for Lumina-mGPT and Anole alike (jacobi_iteration_anhole.py:328-
+  329 installs the same sampler).
 The teacher's `grid` is (S/16, S/16 + 1) for Lumina-mGPT (a row ends with its newline, as SJD's spatial initialisation
 counts, methods/sjd.py `_Drafter`) and (32, 32) for Anole.
 """
@@ -60,7 +73,7 @@ DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded he
 QK_NORMS = ("self_attn.q_norm.", "self_attn.k_norm.")
 START, END, NEWLINE, SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 LATENT = 16  # pixels per image token (the VQGAN downsamples 16x)
-VERSION = 1  # bump when a change alters what the same files give
+VERSION = 2  # bump when a change alters what the same files give (2: Anole's unconditional prompt is the separator)
 
 
 def size_token(n_grids: int) -> str:
@@ -101,6 +114,10 @@ class LuminaMGPT768(PromptedImageTeacher):
     folder: ClassVar[str] = "Lumina-mGPT-7B-768"
     hub: ClassVar[str] = "Alpha-VLLM/Lumina-mGPT-7B-768"
     image_size: ClassVar[int] = 768
+    # `uncond`, the unconditional branch of CFG: `image-start`, Lumina-mGPT's own (the output alone), or `separator`,
+    # SJD's release's (the prompt masked but for its separator); the module's docstring gives the sources
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        **PromptedImageTeacher.params, "uncond": ("image-start", ("image-start", "separator"))}
 
     def __init__(self, name: str, model, vq: ChameleonVQGAN, tokenizer, prompts: list[str], info: dict):
         self.name, self.info = name, info
@@ -114,13 +131,19 @@ class LuminaMGPT768(PromptedImageTeacher):
         self.image_tokens[mapping.image_tokens] = True
         self.codes = torch.zeros(self.vocab_size, dtype=torch.long, device=device)  # BPE id -> VQGAN code
         self.codes[list(mapping.bpe2img)] = torch.tensor(list(mapping.bpe2img.values()), device=device)
+        self.draft_tokens = self.image_tokens.nonzero().squeeze(1)  # random drafts: the image tokens, as SJD's release
         layout = self.layout()
         self.seq_len = len(layout)
         # position seq_len (a window's last row predicts one past the end) is beyond the image: the separator
         self.forced = torch.tensor([*layout, self._id(SEPARATOR)], device=device)
         self.prompt_ids = [[tokenizer.bos_token_id, *tokenizer.encode(self.prompt_text(p) + SEPARATOR,
                                                                         add_special_tokens=False)] for p in prompts]
-        self.unconditional_prompt = []  # the branch sees the output alone, from the image-start token
+        self.unconditional_prompt = self.unconditional_ids()
+
+    def unconditional_ids(self) -> list[int]:
+        """The unconditional branch's prompt: nothing (`uncond: image-start`: the output alone, from the image-start
+        token at position 0) or the separator at position 0 (`uncond: separator`)."""
+        return [] if self.setting("uncond") == "image-start" else [self._id(SEPARATOR)]
 
     def _id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)
@@ -209,10 +232,14 @@ class Anole7B(LuminaMGPT768):
     """Anole 7B at 512 px (32 x 32 image tokens between the image start and end: 1026 outputs), Chameleon's VQGAN."""
 
     folder, hub, image_size = "Anole-7b-v0.1-hf", "leloy/Anole-7b-v0.1-hf", 512
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = PromptedImageTeacher.params  # one CFG: SJD's
 
     @property
     def grid(self) -> tuple[int, int]:
         return self.side, self.side
+
+    def unconditional_ids(self) -> list[int]:
+        return [self._id(SEPARATOR)]  # SJD's masked prompt, the only CFG Anole has (the module's docstring)
 
     def prompt_text(self, prompt: str) -> str:
         return f"Generate an image of {prompt}"

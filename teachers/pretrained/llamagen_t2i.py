@@ -29,6 +29,13 @@ Accelerating-T2I-AR-with-SJD test_llamagen.py): guidance 7.5 (line 35, and `--cf
 reaches scheduler/jacobi_iteration_lumina_mgpt.py's initialiser, line 1069), and `jacobi_loop_interval_l/r` (lines
 39-40) leave a few tokens at the start and, at 512 px, at the end to one-token steps: `--param cfg=7.5 --param
 top_k=1000 --param window=16 --param init=random`. LlamaGen's sample_t2i.py has the same defaults (cfg 7.5, top-k 1000).
+
+Images: the teacher param `decode` says how the VQ's output in [-1, 1] becomes an image in [0, 1]. `value-range`
+(the default) as LlamaGen's own sample_t2i.py saves it (`save_image(..., normalize=True, value_range=(-1, 1))`:
+(x + 1) / 2, clamped); `minmax` as SJD's scripts write theirs (test_llamagen.py:188-191, model_wrappers/
+model_loader.py:555-558): clamped to [-1, 1], stretched to [0, 255] by the image's own minimum and maximum, and cast to
+8 bits by truncation (`astype("uint8")`), so an image that does not reach -1 and 1 comes out brighter or darker and
+with more contrast than under `value-range`.
 """
 from __future__ import annotations
 
@@ -86,10 +93,22 @@ def clean_caption(text: str) -> str:
     return text
 
 
+def stretch(images: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W) VQ outputs -> SJD's 8-bit images of them, / 255 (test_llamagen.py:188-191: clamped to [-1, 1],
+    (x - min) / (max - min) * 255 over each image's pixels and channels, truncated to uint8). The metrics' rounding
+    to 8 bits (`metrics.inception.to_uint8`) gives back those exact bytes. A constant image, which the release would
+    divide by zero, is black."""
+    x = images.float().clamp(-1, 1)
+    lo, hi = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+    return torch.floor((x - lo) / (hi - lo).clamp(min=torch.finfo(x.dtype).tiny) * 255) / 255
+
+
 class LlamaGenT2I(PromptSet, LlamaGenC2I):
     """LlamaGen GPT-XL text-to-image, stage 1 at 256 px (t2i_XL_stage1_256.pt, 16 x 16 tokens), VQ-16 decoder,
     FLAN-T5-XL captions. No `network` attribute: DD's student reads class ids, not captions."""
 
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        **PromptSet.params, "decode": ("value-range", ("value-range", "minmax"))}  # the module's docstring
     reference_statistics: ClassVar[None] = None  # not ImageNet's: FID against `reference_images` (COCO val2017/)
     size: ClassVar[str] = "GPT-XL"
     image_size: ClassVar[int] = 256
@@ -193,6 +212,12 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
     @torch.inference_mode()
     def extend(self, state, tokens: torch.Tensor) -> torch.Tensor:
         return ar_token.guide(state, self.gpt.extend_guided(state, tokens))
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) codes -> (B, 3, H, W) in [0, 1]
+        if self.setting("decode") == "minmax":
+            return stretch(self.vq(tokens, self.grid))
+        return super().decode(tokens)
 
 
 class LlamaGenT2I512(LlamaGenT2I):

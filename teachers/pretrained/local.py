@@ -9,7 +9,7 @@ every loader refuses a missing file in the same words and keys its weights by th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 from core.cache import CHECKPOINTS_ENV, config_key, file_key
 from core.errors import UserError
@@ -24,16 +24,38 @@ class LocalFilesTeacher:
     (`teachers.teacher_class`, with the folder the user gave as `--checkpoints`)."""
 
     checkpoints: ClassVar[Path | None] = None
+    # The settings a trial may give the teacher (`Trial.teacher_params`): name -> (default, valid values; () for a
+    # file, named relative to the checkpoints folder or absolute). A subclass adds its own to its bases'.
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {}
+    settings: ClassVar[dict[str, str]] = {}  # a bound class's values of every one of `params` (`at`)
 
     @classmethod
-    def at(cls, checkpoints: Path) -> type:
-        """This teacher reading its files in `checkpoints`: one subclass per (class, folder), so that each is also
-        one entry of `teachers.load_teacher`'s per-process cache."""
-        key = (cls, Path(checkpoints))
+    def at(cls, checkpoints: Path, params: Mapping[str, Any] | None = None) -> type:
+        """This teacher reading its files in `checkpoints`, with the settings `params` (the defaults of the others;
+        an unknown name or a value outside its choices refused in one line): one subclass per (class, folder,
+        settings), so that each is also one entry of `teachers.load_teacher`'s per-process cache."""
+        given = dict(params or {})
+        if unknown := sorted(set(given) - set(cls.params)):
+            valid = f"valid: {', '.join(sorted(cls.params))}" if cls.params else "it takes none"
+            raise UserError(f"teacher {cls.__name__}: unknown teacher param {unknown[0]!r}; {valid}")
+        settings = {name: str(given.get(name, default)) for name, (default, _) in cls.params.items()}
+        for name, value in settings.items():
+            choices = cls.params[name][1]
+            if choices and value not in choices:
+                raise UserError(f"teacher {cls.__name__}: teacher param {name} must be one of {', '.join(choices)}, "
+                                f"got {value!r}")
+        key = (cls, Path(checkpoints), tuple(settings.items()))
         if key not in _BOUND:
-            _BOUND[key] = type(cls.__name__, (cls,), {"checkpoints": Path(checkpoints), "__doc__": cls.__doc__,
-                                                      "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+            _BOUND[key] = type(cls.__name__, (cls,), {"checkpoints": Path(checkpoints), "settings": settings,
+                                                      "__doc__": cls.__doc__, "__module__": cls.__module__,
+                                                      "__qualname__": cls.__qualname__})
         return _BOUND[key]
+
+    @classmethod
+    def setting(cls, name: str) -> str:
+        """The value of one of `params`: the bound class's, or its default on a class bound to none (a test's
+        fake)."""
+        return cls.settings.get(name, cls.params[name][0])
 
     @classmethod
     def root(cls) -> Path:

@@ -5,10 +5,10 @@ end, size tokens) are forced.
 
 Every row of a batch is left-padded to the longest prompt, with an attention mask and positions counted from the row's
 first unmasked token, as transformers' `generate` counts them. The unconditional branch of CFG is one more row per
-image whose prompt is the teacher's `unconditional_prompt`: Emu3's negative prompt, or nothing at all (Lumina-mGPT's
-branch starts at the image-start token, position 0). Guidance is u + s (c - u) on raw logits (`ar_token.guide`); the
-structure then masks the guided logits before temperature and top-k (`ar_token.process`), the order of the official
-processor lists.
+image whose prompt is the teacher's `unconditional_prompt`: Emu3's negative prompt, Anole's separator (SJD's masked
+prompt), or nothing at all (Lumina-mGPT's branch starts at the image-start token, position 0). Guidance is
+u + s (c - u) on raw logits (`ar_token.guide`); the structure then masks the guided logits before temperature and
+top-k (`ar_token.process`), the order of the official processor lists.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from teachers.data.prompts import missing_prompts, prompt_file
+from teachers.data.prompts import COCO_CAPTIONS, missing_prompts, prompt_file
 from teachers.families import ar_token
 from teachers.pretrained.local import LocalFilesTeacher
 
@@ -42,16 +42,19 @@ class PromptedState:
 class PromptSet:
     """What a text-to-image teacher reads its prompts through: the prompt file, its indices as conditions (`prompts`
     set by the subclass), their captions for the text-image metrics, and the real images FID compares with. A mixin
-    before a `LocalFilesTeacher`: the prompt file is one of the teacher's files and part of its key."""
+    before a `LocalFilesTeacher`: the prompt file is one of the teacher's files and part of its key, named by the
+    teacher param `prompts` (a trial's `teacher_params`; a paper suite names its prompt set there)."""
 
-    # fid@inception against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD
-    # paper's Table 1), under the key "fid.inception-v3-tf1.coco2017-val" (`metrics.fid`)
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {"prompts": (COCO_CAPTIONS, ())}
+    # FID against the real images of this folder in the checkpoints folder (MS-COCO 2017 val, the SJD paper's
+    # Table 1), under the key "fid.<extractor>.coco2017-val": "fid.pytorch-fid.coco2017-val" in SJD's suites
+    # (`metrics.fid`)
     reference_images: ClassVar[tuple[str, str]] = ("val2017", "coco2017-val")
     prompts: list[str]
 
     @classmethod
     def prompt_path(cls) -> Path:
-        return prompt_file(cls.root())
+        return prompt_file(cls.root(), cls.setting("prompts"))
 
     @classmethod
     def files(cls) -> tuple[Path, ...]:
