@@ -15,6 +15,7 @@ from pathlib import Path
 from core.config import read_yaml_mapping
 from core.errors import UserError
 from core.files import Needed
+from core.trial import MAX_COUNT
 from bench.plan import Plan
 from methods.base import Passes, TeacherSampler
 
@@ -108,20 +109,25 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         t, est = p.trial, estimate(p, warmup)
         knobs = ", ".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
         missing = sum(not n.present for n in needed)
+        documents = "every document" if t.n_samples == MAX_COUNT else f"at most {t.n_samples} documents each"
+        work = (f"lm-eval tasks {', '.join(p.tasks)}, {documents}" if p.tasks else
+                f"{est.samples} samples per arm (batch {t.batch_size})")
         lines.append(f"trial {i}/{len(entries)}: {t.method}{f'[{knobs}]' if knobs else ''} on {t.teacher}, seed "
-                     f"{t.seed}: {est.samples} "
-                     f"samples per arm (batch {t.batch_size}), {len(needed)} files ({missing} missing)")
+                     f"{t.seed}: {work}, {len(needed)} files ({missing} missing)")
         if paper := p.paper:
             lines.append(f"  paper: {', '.join(f'{k} {v}' for k, v in paper.items() if k != 'source')} "
                          f"({paper['source']})")
-        if est.cost is None:
+        if p.tasks:  # scored, not sampled: its passes depend on the documents' choices, known only from the data
+            lines.append("  passes and cost: not planned (lm-eval scores the model's log-likelihoods; nothing is "
+                         "sampled)")
+        elif est.cost is None:
             lines.append(f"  passes and cost: not planned (no measured cost for teacher {t.teacher} in {COSTS.name})")
-        for a in est.arms:
+        for a in () if p.tasks else est.arms:
             lines.append(f"  {a.arm:<10} {_passes_text(a.passes)} per sample: {_hours(a.seconds)}"
                          + (f" (no measured cost of {', '.join(a.unpriced)})" if a.unpriced else ""))
         if p.method_cls.trains(p.config):
             lines.append("  fit: trains (or builds pairs) before sampling; not priced")
-        if est.seconds is None:
+        if p.tasks or est.seconds is None:
             unpriced += 1
         else:
             total += est.seconds

@@ -7,6 +7,8 @@ constructed, so a mistake in trial 40 of a suite is refused before trial 1 start
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,16 @@ class Plan:
     checkpoints: Path  # the folder of the user's files (`--checkpoints`), where everything the trial reads is found
     paper: dict[str, Any] = dataclasses.field(default_factory=dict)  # the paper's numbers (`core.paper`), if any
     needs: tuple[files.Needed, ...] = ()  # the files it reads from the user, listed when planned in a dry run
+    # lm-eval tasks its model is scored on instead of sampled (`accelbench lambada`, a suite's lm-eval rows,
+    # `metrics.lambada`); empty: a trial, sampled and scored by its metrics
+    tasks: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        """The trial's key, or, scored on lm-eval tasks, the key of the trial and its tasks: never a sampled
+        trial's."""
+        if not self.tasks:
+            return self.trial.key()
+        return hashlib.sha256(json.dumps([self.trial.key(), *self.tasks]).encode()).hexdigest()[:16]
 
     @property
     def sampling(self) -> Any:
@@ -79,19 +91,20 @@ def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
 RUN_FIELDS = frozenset({f.name for f in dataclasses.fields(Trial)} | {"reference", "warmup", "threads"})
 
 
-def plan(trial: Trial, *, checkpoints: Path, paper: dict[str, Any] | None = None) -> Plan:
+def plan(trial: Trial, *, checkpoints: Path, paper: dict[str, Any] | None = None, tasks=()) -> Plan:
     """Validate a trial before any work: names, family and modality, knobs, batch size, device, the files it needs
     (inside `core.files.audit()`, a dry run, they are listed in `Plan.needs` instead of refused). `paper` holds the
-    paper's numbers for this trial, already checked (`core.paper.check_paper`)."""
+    paper's numbers for this trial, already checked (`core.paper.check_paper`); `tasks`, the lm-eval tasks its model
+    is scored on instead (`metrics.lambada.check`), their data files required like the teacher's."""
     if not files.auditing():
-        return _plan(trial, checkpoints, paper)
+        return _plan(trial, checkpoints, paper, tasks)
     with files.audit() as needed:
-        p = _plan(trial, checkpoints, paper)
+        p = _plan(trial, checkpoints, paper, tasks)
     return dataclasses.replace(p, needs=tuple(needed))
 
 
-def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None) -> Plan:
-    teacher_cls = teacher_class(trial.teacher, checkpoints)
+def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None, tasks) -> Plan:
+    teacher_cls = teacher_class(trial.teacher, checkpoints, trial.teacher_params)
     method_cls = METHODS.get(trial.method)
     metrics = [MetricPlan.parse(m, checkpoints) for m in trial.metrics]
     check_family(trial.method, method_cls, trial.teacher, teacher_cls)
@@ -126,8 +139,13 @@ def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None) -> Plan
         raise UserError(f"teacher {trial.teacher!r}: {missing}")
     for path, missing in method_cls.required_files(config, checkpoints).items():
         files.require(path, missing)
+    if tasks:
+        from metrics import lambada
+
+        tasks = lambada.check(tasks, trial.teacher, teacher_cls, trial.metrics, checkpoints)
     resolved = dataclasses.replace(trial, params=config_dict(config), device=str(device))
-    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, checkpoints, dict(paper or {}))
+    return Plan(resolved, teacher_cls, method_cls, config, metrics, device, checkpoints, dict(paper or {}),
+                tasks=tuple(tasks))
 
 
 

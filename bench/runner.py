@@ -5,8 +5,9 @@ The reference arm (the teacher's own sampler, its family's, with the method's `s
 process, on the same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up
 is a ratio measured side by side under the same machine load.
 
-`run_trial` samples and scores; `execute` is the path it shares with an evaluation that is not sampling (`accelbench
-lambada`, `metrics.lambada`): under the budgets, with training runs reported to the tracker, as one MLflow run.
+`run_trial` samples and scores; `run_lambada` scores the model on lm-eval tasks instead (`accelbench lambada`, a
+suite's lm-eval rows, `metrics.lambada`); `execute` is the path they share: under the budgets, with training runs
+reported to the tracker, as one MLflow run.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import contextlib
 import hashlib
 import io
 import statistics
+import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from core.cache import Cache
 from core.config import config_dict
 from core.envinfo import environment_tags, git_sha
 from core.errors import UserError
-from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
+from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
                          SPEEDUP_WALL, TRIAL)
 from core.paper import paper_tags
 from core.rng import batch_seed
@@ -210,21 +212,23 @@ def execute(p: Plan, body: Callable[[Context], dict[str, float]], *, kind: str, 
             training_reports(tracker.log_training):
         if not world.main:
             world.barrier()  # until rank 0 has the teacher (and, unless every rank fits, the method's training) cached
-        teacher = load_teacher(t.teacher, cache=cache, device=device, checkpoints=p.checkpoints)
+        teacher = load_teacher(t.teacher, cache=cache, device=device, checkpoints=p.checkpoints,
+                               params=t.teacher_params)
         # Training (teachers, `fit`) keeps the process's threads (every core by default); sampling and scoring use
         # opts.threads. Measured on 2 idle cores: DD pairs 1.44x and DD student steps 1.63x faster on 2 threads than
         # on 1, the tiny samplers no faster.
         training_threads = torch.get_num_threads()
         with threads(opts.threads), tracker.run(name, {
-                KIND_TAG: kind, "trial_key": t.key(), "teacher_key": str(p.teacher_cls.key()),
+                KIND_TAG: kind, "trial_key": p.key(), "teacher_key": str(p.teacher_cls.key()),
                 "family": str(p.teacher_cls.family), **environment_tags(device),
                 "precision": precision.describe(device, t.dtype, t.tf32, t.compile), **(tags or {})}) as log:
             if on_start is not None:
                 on_start(log.run_id)
             # Knobs under their own names, so that the MLflow UI filters them as `params.window = '16'`; trial fields
             # and run settings beside them (a knob may not be named like one: `plan` refuses the config class).
-            params = {k: v for k, v in t.to_dict().items() if k != "params"}
+            params = {k: v for k, v in t.to_dict().items() if k not in ("params", "teacher_params")}
             params.update(t.params)
+            params.update({f"teacher.{k}": v for k, v in t.teacher_params.items()})
             params.update({f"ref.{k}": v for k, v in config_dict(p.sampling).items()})
             params.update({"metrics": ",".join(t.metrics), "reference": p.reference, "warmup": opts.warmup,
                            "threads": opts.threads, "world_size": world.size})
@@ -267,6 +271,29 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
         if world.main:  # logged: the spooled samples have served
             spool.remove()
     return metrics
+
+
+def run_lambada(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = RunOptions(),
+                tags: dict[str, str] | None = None) -> dict[str, float]:
+    """Score a plan's model on its lm-eval tasks (`Plan.tasks`, `metrics.lambada`: at most `n_samples` documents each,
+    under the trial's dtype) instead of sampling, as one MLflow run tagged `accelbench.kind` = `lambada`, with the
+    metrics' directions and the paper's numbers as a trial's are: `accelbench lambada` and a suite's lm-eval rows."""
+    from metrics import lambada
+
+    t = p.trial
+
+    def score(ctx: Context) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as folder, precision.autocast(ctx.device, t.dtype):
+            values = lambada.run_tasks(ctx.teacher, ctx.method, tasks=p.tasks, cache=ctx.cache, n=t.n_samples,
+                                       folder=Path(folder), device=ctx.device, checkpoints=p.checkpoints,
+                                       progress=opts.progress)
+        ctx.log.log(tags={"key_knobs": ",".join(p.method_cls.key_knobs),  # the report's knobs column, as a trial's
+                          **{f"higher_is_better.{k}": str(v).lower() for k, v in lambada.directions(p.tasks).items()}})
+        return values
+
+    return execute(p, score, kind=LAMBADA, name=f"lambada[{','.join(p.tasks)}] {run_name(p)}", cache=cache,
+                   tracker=tracker, opts=opts, tags={**paper_tags(p.paper), "lm_eval.tasks": ",".join(p.tasks),
+                                                     **(tags or {})})
 
 
 def _spooled(spool: TrialSpool, t: Trial, arms: list[str]) -> int:

@@ -1,7 +1,9 @@
 """A suite: a YAML list of trials (× seeds) run into one MLflow experiment, resumable by trial key.
 
 An entry may carry the paper's numbers for its setting (`paper:`, see `core.paper`); they travel with the trial's
-plan into its run's tags, never into the trial key.
+plan into its run's tags, never into the trial key. An entry with `tasks:` (lm-eval task names, `metrics.lambada`)
+is scored on those tasks instead of sampled (`bench.runner.run_lambada`, as `accelbench lambada` does): its
+`n_samples` is the documents per task, at most, and its paper keys are the tasks' metric keys (`arc_easy.acc`).
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from core import distributed
 from core.cache import Cache
 from core.config import check_seeds, knobs, read_yaml_mapping
 from core.errors import UserError
-from core.names import KIND_TAG, TRIAL
+from core.names import KIND_TAG, LAMBADA, TRIAL
 from core.paper import check_paper
 from core.registry import METHODS, TEACHERS
 from bench.plan import Plan, plan
-from bench.runner import RunOptions, run_trial
+from bench.runner import RunOptions, run_lambada, run_trial
 from bench.tracking import Tracker
 from core.trial import Trial
+from metrics import lambada
 
 SUITE_FIELDS = {"experiment", "seeds", "defaults", "trials"}
 
@@ -63,15 +66,21 @@ def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, ov
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise UserError(f"suite file {path}: trial {i} must be a mapping")
-        entry = dict(entry)
-        paper = check_paper(entry.pop("paper"), f"suite file {path}: trial {i}") if "paper" in entry else {}
+        entry, where = dict(entry), f"suite file {path}: trial {i}"
+        tasks = entry.pop("tasks", defaults.get("tasks", ()))
+        try:
+            keys = lambada.directions(tasks) if tasks else None
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
+        paper = check_paper(entry.pop("paper"), where, keys) if "paper" in entry else {}
         for seed in seeds:
             merged: dict[str, Any] = _overridden({**defaults, **entry, "seed": seed}, overrides or {}, used)
+            merged.pop("tasks", None)
             if n_samples is not None:
                 merged["n_samples"] = n_samples
             merged.update(numerics or {})
             try:
-                plans.append(plan(Trial.from_mapping(merged), checkpoints=checkpoints, paper=paper))
+                plans.append(plan(Trial.from_mapping(merged), checkpoints=checkpoints, paper=paper, tasks=tasks))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
     if unused := sorted(set(overrides or {}) - used):
@@ -80,9 +89,9 @@ def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, ov
 
 
 def finished_keys(tracker: Tracker) -> set[str]:
-    runs = tracker.client.search_runs([tracker.experiment_id],
-                                      f"tags.`{KIND_TAG}` = '{TRIAL}' and attributes.status = 'FINISHED'",
-                                      max_results=50000)
+    """The keys (`Plan.key`) of the trials and lm-eval rows with a finished run in the experiment."""
+    runs = [r for kind in (TRIAL, LAMBADA) for r in tracker.client.search_runs(
+        [tracker.experiment_id], f"tags.`{KIND_TAG}` = '{kind}' and attributes.status = 'FINISHED'", max_results=50000)]
     return {r.data.tags.get("trial_key") for r in runs}
 
 
@@ -92,7 +101,7 @@ def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions,
     rank runs the same trials, in rank 0's order (`core.distributed`)."""
     world = distributed.world()
     done = world.broadcast(set() if force or not world.main else finished_keys(tracker))
-    todo = [p for p in suite.plans if p.trial.key() not in done]
+    todo = [p for p in suite.plans if p.key() not in done]
     for p in tqdm(todo, desc=f"suite {suite.experiment}", unit="trial", disable=not opts.progress or not world.main):
-        run_trial(p, cache=cache, tracker=tracker, opts=opts)
+        (run_lambada if p.tasks else run_trial)(p, cache=cache, tracker=tracker, opts=opts)
     return len(todo), len(suite.plans) - len(todo)

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from cli import options
 from core.errors import UserError
-from core.names import LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE
+from core.names import NFE_PER_SAMPLE, SEC_PER_SAMPLE
+
+CORPUS_PASSAGES = 500  # `accelbench lambada`'s default on the corpus task alone
 
 
 def _trial_from_args(args):
@@ -22,7 +23,8 @@ def _trial_from_args(args):
     return Trial(teacher=args.teacher, method=args.method, params=options.parse_params(args.param),
                  metrics=tuple(args.metric), n_samples=args.n_samples, batch_size=args.batch_size,
                  seed=args.seed, device=args.device, metric_repeats=args.metric_repeats, dtype=args.dtype,
-                 tf32=args.tf32 == "on", compile=args.compile)
+                 tf32=args.tf32 == "on", compile=args.compile,
+                 teacher_params=options.parse_params(args.teacher_param, "--teacher-param"))
 
 
 def _store_line(uri: str, args, experiment: str) -> str:
@@ -121,35 +123,36 @@ def cmd_suite(args) -> int:
 
 
 def cmd_lambada(args) -> int:
-    """LAMBADA-style task of a text teacher's corpus, as a runner task: planned, budgeted, logged as one run."""
-    from core.registry import TEACHERS
+    """lm-eval tasks (`--task`: lm-eval's own on local data, or the LAMBADA-format task of a tiny teacher's corpus)
+    scored for a text teacher or a method's model, as a runner task: planned, budgeted, logged as one run."""
+    from core.trial import MAX_COUNT, Trial
     from bench.plan import plan
-    from bench.runner import execute
+    from bench.runner import run_lambada
     from bench.tracking import Tracker, tracking_uri
-    from core.trial import Trial
-    from metrics.lambada import lambada
+    from core.registry import TEACHERS
+    from metrics import lambada
 
-    teacher_cls = TEACHERS.get(args.teacher)
-    if teacher_cls.modality != "text":
-        raise UserError(f"lambada needs a text teacher, got {args.teacher!r} ({teacher_cls.family}, "
-                        f"{teacher_cls.modality})")
-    method = args.method or teacher_cls.family.sampler  # no method: the teacher itself
-    p = plan(Trial(teacher=args.teacher, method=method, params=options.parse_params(args.param), n_samples=args.n,
-                   seed=args.seed, device=args.device), checkpoints=args.checkpoints)
-    opts = options.run_options(args)
-    uri = tracking_uri(args.tracking_uri)
+    tasks = tuple(args.task) or (lambada.CORPUS,)
+    n = args.n if args.n is not None else CORPUS_PASSAGES if tasks == (lambada.CORPUS,) else MAX_COUNT  # every doc
 
-    def score(ctx) -> dict[str, float]:
-        with tempfile.TemporaryDirectory() as folder:
-            values = lambada(ctx.teacher, ctx.method, cache=ctx.cache, n=args.n, folder=Path(folder),
-                             device=p.device)
-        return {f"lambada.{k}": v for k, v in values.items()}
+    def load():
+        method = args.method or TEACHERS.get(args.teacher).family.sampler  # no method: the teacher itself
+        return [plan(Trial(teacher=args.teacher, method=method, params=options.parse_params(args.param), n_samples=n,
+                           seed=args.seed, device=args.device, dtype=args.dtype),
+                     checkpoints=args.checkpoints, tasks=tasks)]
 
-    cache = options.open_cache(args)
-    metrics = execute(p, score, kind=LAMBADA, name=f"lambada:{method}:{args.teacher}", cache=cache,
-                      tracker=Tracker(uri, args.experiment), opts=opts)
-    print(f"{method} on the LAMBADA-style task of {args.teacher}'s corpus ({args.n} passages max): "
-          f"acc {metrics['lambada.acc']:.4f}, perplexity {metrics['lambada.perplexity']:.2f}")
+    if args.dry_run:
+        return _dry_run("dry run of lm-eval tasks", load, 0, args.checkpoints)
+    p, = load()
+    opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
+    metrics = run_lambada(p, cache=options.open_cache(args), tracker=Tracker(uri, args.experiment), opts=opts)
+    t = p.trial
+    for task in tasks:
+        what = (f"the LAMBADA-style task of {t.teacher}'s corpus" if task == lambada.CORPUS else
+                f"lm-eval's {task} on {t.teacher}")
+        prefix = lambada.CORPUS_KEY if task == lambada.CORPUS else task
+        values = ", ".join(f"{k.split('.', 1)[1]} {metrics[k]:.4f}" for k in lambada.directions([task]))
+        print(f"{t.method} on {what} ({metrics[prefix + '.documents']:.0f} documents): {values}")
     print(_store_line(uri, args, args.experiment))
     return 0
 
@@ -160,6 +163,8 @@ def register(sub) -> None:
     r.add_argument("--teacher", help="teacher registry name (see `accelbench list`)")
     r.add_argument("--method", help="method registry name (see `accelbench list`)")
     options.method_knobs(r)
+    r.add_argument("--teacher-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a teacher setting, e.g. prompts=PartiPrompts.tsv (a file in --checkpoints); repeatable")
     r.add_argument("--metric", action="append", default=[], metavar="NAME[@EXTRACTOR]",
                    help="a quality metric, e.g. fid or fid@inception; repeatable")
     r.add_argument("--metric-repeats", type=int, default=1,
@@ -187,12 +192,21 @@ def register(sub) -> None:
     options.execution(su)
     su.set_defaults(func=cmd_suite)
 
-    lb = sub.add_parser("lambada", help="LAMBADA-style last-word accuracy / perplexity (lm-eval) on a text corpus")
-    lb.add_argument("--teacher", required=True, help="a text teacher: its corpus gives the passages")
+    lb = sub.add_parser("lambada", help="LAMBADA and lm-eval's multiple-choice tasks (local data) for a text model")
+    lb.add_argument("--teacher", required=True, help="a text teacher (and, for the corpus task, its corpus)")
     lb.add_argument("--method", help="score this method's model (e.g. an SDTT student) instead of the teacher")
     options.method_knobs(lb)
-    lb.add_argument("--n", type=int, default=500, help="passages (default 500)")
+    lb.add_argument("--task", action="append", default=[], metavar="TASK",
+                    help="lm-eval's own task on its data under --checkpoints (lambada_openai, arc_easy, "
+                         "arc_challenge, hellaswag, mathqa, piqa, winogrande: <checkpoints>/lm-eval/<task>.<split>"
+                         ".jsonl), or corpus (a LAMBADA-format task from a tiny teacher's held-out documents); "
+                         "repeatable (default corpus)")
+    lb.add_argument("--n", type=int, help=f"documents per task, at most (default: every document; {CORPUS_PASSAGES} "
+                                          f"passages for the corpus task alone)")
     lb.add_argument("--seed", type=int, default=0)
     lb.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    lb.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                    help="the model's compute dtype, under autocast (default fp32; SDTT's models run in bf16)")
+    options.dry_run(lb)
     options.execution(lb, experiment=True)
     lb.set_defaults(func=cmd_lambada)

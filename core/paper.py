@@ -12,7 +12,7 @@ that metric, e.g. `fid.inception-v3-tf1.adm-in256`) or its full key, or one of t
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from core.errors import UserError
 from core.names import NFE_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
@@ -23,9 +23,10 @@ SPEED_KEYS = {"nfe": NFE_PER_SAMPLE, "speedup_wall": SPEEDUP_WALL, "speedup_step
 TAG_PREFIX = "paper."
 
 
-def check_paper(data: Any, where: str) -> dict[str, Any]:
-    """The validated `paper:` mapping of a suite entry: numbers under metric or speed keys, and a `source` string
-    naming the table and row. Errors are one line naming `where`."""
+def check_paper(data: Any, where: str, keys: Collection[str] | None = None) -> dict[str, Any]:
+    """The validated `paper:` mapping of a suite entry: numbers under metric or speed keys (or, for an entry scored on
+    lm-eval tasks, under one of its full metric `keys`), and a `source` string naming the table and row. Errors are
+    one line naming `where`."""
     from core.registry import METRICS
 
     if not isinstance(data, Mapping):
@@ -37,7 +38,9 @@ def check_paper(data: Any, where: str) -> dict[str, Any]:
     for key, value in data.items():
         if key == "source":
             continue
-        if key.split(".")[0] not in names and key not in SPEED_KEYS:
+        if keys is not None and key not in keys:
+            raise UserError(f"{where}: unknown paper key {key!r}; valid: source, {', '.join(keys)}")
+        if keys is None and key.split(".")[0] not in names and key not in SPEED_KEYS:
             valid = ", ".join(sorted(names | set(SPEED_KEYS)))
             raise UserError(f"{where}: unknown paper key {key!r}; valid: source, {valid} (or a full metric key)")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -1,15 +1,17 @@
-"""`accelbench report`: REPORT.md and PNG plots made from an MLflow experiment's finished trial runs, nothing else."""
+"""`accelbench report`: REPORT.md and PNG plots made from an MLflow experiment's finished trial runs (and lm-eval
+runs, `accelbench lambada`), nothing else."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from core.errors import UserError
-from core.names import KIND_TAG, STUDY, TRIAL
+from core.names import KIND_TAG, LAMBADA, STUDY, TRIAL
 from reports.plots import acceptance_vs_window, quality_vs_time, study_history, study_importances
 from reports.tables import TrialRun, build_markdown
 
 
-def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialRun]:
+def load_runs(uri: str, experiment: str, filter_string: str = "", kind: str = TRIAL) -> list[TrialRun]:
+    """The experiment's finished runs of `kind` (trials; `lambada`: lm-eval runs) that match `filter_string`."""
     from bench.tracking import client as store_client
 
     client = store_client(uri)
@@ -18,7 +20,7 @@ def load_runs(uri: str, experiment: str, filter_string: str = "") -> list[TrialR
         names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
         raise UserError(f"no MLflow experiment {experiment!r} in {uri}; it has: {', '.join(names) or '(none)'} "
                         f"(--experiment NAME)")
-    query = f"tags.`{KIND_TAG}` = '{TRIAL}' and attributes.status = 'FINISHED'"
+    query = f"tags.`{KIND_TAG}` = '{kind}' and attributes.status = 'FINISHED'"
     if filter_string:
         query += f" and {filter_string}"
     runs, token = [], None
@@ -76,7 +78,7 @@ def write_report(uri: str, experiment: str, out: Path, filter_string: str = "") 
         images += [p for p in (quality_vs_time(mine, teacher, out), acceptance_vs_window(mine, teacher, out)) if p]
     for name, params in _studies(uri, experiment):
         images += study_plots(name, params, runs, out)
-    text = build_markdown(runs, f"AccelBench report: {experiment}")
+    text = build_markdown(runs, f"AccelBench report: {experiment}", load_runs(uri, experiment, filter_string, LAMBADA))
     if images:
         text += "\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in images)
     path = out / "REPORT.md"

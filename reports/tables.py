@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from core.paper import SPEED_KEYS, from_tags
+from core.trial import MAX_COUNT
 from core.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
@@ -245,6 +246,33 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
     return lines
 
 
+def lm_eval_table(runs: list[TrialRun]) -> list[str]:
+    """lm-eval runs (`accelbench lambada`, a suite's lm-eval rows): a row per (teacher, method, knobs, documents), a
+    column per task metric (`arc_easy.acc`), each with the paper's number and Δ where any run carries one."""
+    columns = quality_columns(runs)
+    with_paper = {k for k, _ in columns if any(paper_value(r.paper, k) is not None for r in runs)}
+    head = ["teacher", "method", "knobs", "n", "seeds"]
+    for key, higher in columns:
+        head += [_header(key, higher), *(["paper", "Δ"] if key in with_paper else [])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    groups: dict = {}
+    for r in runs:
+        key = (r.teacher, r.method, shown_knobs(r, runs), r.n_samples, tuple(sorted(r.knobs.items())))
+        groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
+    for (teacher, method, knobs, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
+        rs = [seeds[s] for s in sorted(seeds)]
+        cells = [teacher, method, knobs, "all" if n == MAX_COUNT else str(n), str(len(rs))]
+        for key, _ in columns:
+            values = [r.metrics[key] for r in rs if key in r.metrics]
+            cells.append(_fmt(values, 4))
+            if key in with_paper:
+                ref = paper_value(rs[0].paper, key)
+                cells += ["—" if ref is None else f"{ref:.4f}",
+                          "—" if ref is None or not values else f"{statistics.fmean(values) - ref:+.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def environment_footer(runs: list[TrialRun]) -> list[str]:
     def values(tag):
         return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
@@ -264,11 +292,12 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
     return lines
 
 
-def build_markdown(runs: list[TrialRun], title: str) -> str:
+def build_markdown(runs: list[TrialRun], title: str, evaluations: list[TrialRun] = ()) -> str:
+    """The report of trial `runs` and lm-eval runs (`evaluations`)."""
     runs = sorted(runs, key=lambda r: (r.teacher, r.method, sorted(r.knobs.items()), r.n_samples, r.seed,
                                        r.start_time_ms))
     out = [f"# {title}", ""]
-    if not runs:
+    if not runs and not evaluations:
         return "\n".join(out + ["No finished trial runs matched.", ""])
     headline = headline_table(runs)
     if headline:
@@ -280,6 +309,11 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
         lines, blank = teacher_table([r for r in runs if r.teacher == teacher])
         any_blank |= blank
         out += [f"## {teacher}", "", *lines, ""]
+    if evaluations:
+        out += ["## lm-eval tasks", "", "Each model scored by lm-eval (0-shot; `accelbench lambada`): n documents per "
+                "task at most (`<task>.documents` in the run has the count scored); a masked-diffusion model's "
+                "log-likelihood is a NELBO bound and its LAMBADA accuracy single-pass decoding (docs/methods/sdtt.md).",
+                "", *lm_eval_table(evaluations), ""]
     out += ["Cells are mean ± sample standard deviation over seeds (a single seed has no ±). Speed-ups are measured "
             "in each run against its own teacher arm, side by side in one process, then averaged. NFE counts "
             "forward passes per sample; n is the number of samples per arm and batch the samples per sampler call (a "
@@ -298,5 +332,5 @@ def build_markdown(runs: list[TrialRun], title: str) -> str:
                    if tag.startswith("unavailable.")}
     out += ["", *(f"Requested but unavailable where it ran, so not computed: `{metric}` ({reason})."
                   for metric, reason in sorted(unavailable))] if unavailable else []
-    out += ["", *environment_footer(runs), ""]
+    out += ["", *environment_footer([*runs, *evaluations]), ""]
     return "\n".join(out)

@@ -29,7 +29,7 @@ def test_a_paper_suite_dry_runs_offline_against_an_empty_checkpoints_folder(path
                  str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
     assert "MISSING" in out and f"{empty}/" in out
-    assert "samples per arm" in out and "device-hours estimated for sampling" in out
+    assert ("samples per arm" in out or "lm-eval tasks" in out) and "device-hours estimated for sampling" in out
     data = yaml.safe_load(path.read_text())
     assert "paper" not in data.get("defaults", {})
     assert any("paper" in t for t in data["trials"]), "a paper suite carries the paper's numbers"
@@ -107,14 +107,15 @@ TINY_LENGTH = {"TinyVAR": 4, "TinyLlamaGen": 16, "TinyOfficialMAR": 16}
 
 
 def tiny_trials(suite: dict) -> list[dict]:
-    """The suite's trials on the tiny teachers: one per distinct (method, tiny teacher, mode, metrics), the knobs that
-    address the full-size models' positions and blocks brought within the tiny ones'. (Every trial of every suite
-    is planned, at full size, by the dry-run test above.)"""
+    """The suite's trials on the tiny teachers: one per distinct (method, tiny teacher, mode, metrics, CSpD's align and
+    prefill), the knobs that address the full-size models' positions and blocks brought within the tiny ones'. (Every
+    trial of every suite is planned, at full size, by the dry-run test above.)"""
     kept, seen = [], set()
     for trial in suite["trials"]:
         merged = {**suite.get("defaults", {}), **trial}
         teacher, p = merged["teacher"], dict(trial.get("params", {}))
-        key = (merged["method"], TINY.get(teacher, teacher), p.get("mode"), str(merged.get("metrics")))
+        key = (merged["method"], TINY.get(teacher, teacher), p.get("mode"), str(merged.get("metrics")),
+               p.get("align"), p.get("prefill"))  # CSpD's ablations (cspd-tables4-5): each arm of them runs
         if key in seen:
             continue
         seen.add(key)
@@ -149,16 +150,17 @@ def tiny_class(name: str) -> type:
 
 
 def write_paper_files(folder: Path, suite: dict) -> None:
-    """What the suite's trials read from the checkpoints folder, tiny and random: ADM's reference batch, the
-    inception score's network, MDLM-OWT, GPT-2 (the AR arm and, as gpt2-large, the evaluator), WebText, every
-    released student the suite names, the transformers CLIP folders of `clip@hf:<folder>` and the real images of the
-    prompted teachers' `reference_images` (COCO's val2017/)."""
+    """What the suite's trials read from the checkpoints folder, tiny and random: ADM's reference batch, DD's
+    reference statistic, the inception score's and pytorch-fid's networks, MDLM-OWT, GPT-2 (the AR arm and, as
+    gpt2-large, the evaluator), WebText, every released student the suite names, the transformers CLIP folders of
+    `clip@hf:<folder>` and the real images of the prompted teachers' `reference_images` (COCO's val2017/)."""
     import shutil
 
     import numpy as np
     from PIL import Image
 
-    from metrics import inception
+    from metrics import inception, inception_pytorch_fid
+    from metrics.features import NAMED_REFERENCES
     from tests.fakes import write_sdtt_checkpoints, write_sdtt_student, write_tiny_clip
 
     rng = np.random.default_rng(0)
@@ -166,9 +168,15 @@ def write_paper_files(folder: Path, suite: dict) -> None:
              arr_0=rng.integers(0, 256, (8, 8, 8, 3), dtype=np.uint8))
     torch.jit.script(TinyInception()).save(str(folder / "inception.pt"))
     torch.save({}, folder / inception.LOGITS_WEIGHTS)  # read by TinyInceptionLogits' stand-in: present, not loaded
+    torch.save({}, folder / inception_pytorch_fid.WEIGHTS)  # likewise TinyPytorchFid's
+    statistic = folder / NAMED_REFERENCES["dd-in256"].file  # DD's reference, as its fid_score.py:302 writes it
+    statistic.parent.mkdir()
+    torch.save({"m": rng.normal(size=FEATURES).astype(np.float32), "s": np.eye(FEATURES)}, statistic)
     write_sdtt_checkpoints(folder)
     shutil.copytree(folder / "gpt2", folder / "gpt2-large")
     defaults = suite.get("defaults", {})
+    if "tasks" in defaults or any("tasks" in t for t in suite["trials"]):  # lm-eval rows: their tasks' data
+        shutil.copytree(Path(__file__).parent / "fixtures" / "lm-eval", folder / "lm-eval")
     for trial in suite["trials"]:
         for metric in trial.get("metrics", defaults.get("metrics", [])):
             if metric.startswith("clip@hf:") and not (folder / metric[len("clip@hf:") :]).exists():
@@ -224,6 +232,7 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
     for name, cls in TINY.items():
         monkeypatch.setitem(TEACHERS._entries, name, tiny_class(cls))
     monkeypatch.setattr("metrics.inception.InceptionLogits", TinyInceptionLogits)
+    monkeypatch.setattr("metrics.inception_pytorch_fid.PytorchFidExtractor", TinyPytorchFid)
     suite = yaml.safe_load(path.read_text())
     suite["trials"] = tiny_trials(suite)
     tiny_suite = tmp_path / path.name
@@ -242,8 +251,29 @@ def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_pape
     assert len(runs) == len(suite["trials"]) * len(suite.get("seeds", [0]))
     assert all(r.info.status == "FINISHED" for r in runs)
     text = (out / "REPORT.md").read_text()
-    headers = [line for line in text.splitlines() if line.startswith("| method | knobs | sampling |")]
+    headers = [line for line in text.splitlines()
+               if line.startswith(("| method | knobs | sampling |", "| teacher | method | knobs |"))]  # lm-eval rows
     assert headers and all("| paper | Δ |" in h for h in headers)  # every teacher's table has the paper column
     paper = [r for r in runs if "paper.source" in r.data.tags]
     assert paper and {r.data.tags["paper.source"] for r in paper} <= {t["paper"]["source"] for t in suite["trials"]
                                                                        if "paper" in t}
+
+
+class TinyPytorchFid(torch.nn.Module):
+    """A stand-in for pytorch-fid's network (`fid@pytorch-fid`): its weights file is only checked for; the network
+    itself is proved against pytorch-fid's own FID in tests/test_metrics_pytorch_fid.py."""
+
+    num_classes, batch, max_reference = None, 32, None
+
+    def __init__(self, path: Path):
+        from metrics import inception_pytorch_fid
+
+        super().__init__()
+        self.name, self.fingerprint = inception_pytorch_fid.NAME, "tiny"
+        self.preprocessing, self.num_features = inception_pytorch_fid.PREPROCESSING, FEATURES
+        self.proj = torch.nn.Linear(3 * 4 * 4, FEATURES)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        from metrics.inception import to_uint8
+
+        return self.proj(torch.nn.functional.adaptive_avg_pool2d(to_uint8(images).float() / 255, 4).flatten(1))
