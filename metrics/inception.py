@@ -142,17 +142,24 @@ def load_inception(device: torch.device) -> InceptionExtractor:
     return InceptionExtractor(weights_path()).to(device)
 
 
-def logits_weights_path(checkpoints: Path) -> Path:
-    """torch-fidelity's Inception-v3 weights (with the classifier): `$ACCELBENCH_INCEPTION_LOGITS_WEIGHTS`, else
-    `weights-inception-2015-12-05-6726825d.pth` in the checkpoints folder."""
-    named = os.environ.get(LOGITS_ENV)
-    path = Path(named).expanduser() if named else checkpoints / LOGITS_WEIGHTS
-    files.require(path, f"missing {path}: the inception score reads Inception-v3's class logits; place "
-                        f"{LOGITS_WEIGHTS} (torch-fidelity's release v0.2.0) in {path.parent}, name its folder with "
-                        f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {LOGITS_ENV}")
+def local_weights(checkpoints: Path, env: str, name: str, reader: str, origin: str) -> Path:
+    """A weights file a library would otherwise download: `$<env>`, else `name` in the checkpoints folder; missing,
+    one line naming the file, who reads it (`reader`), where it comes from (`origin`) and the options (in a dry run,
+    listed); present, checked whole."""
+    named = os.environ.get(env)
+    path = Path(named).expanduser() if named else checkpoints / name
+    files.require(path, f"missing {path}: {reader}; place {name} ({origin}) in {path.parent}, name its folder with "
+                        f"--checkpoints or {CHECKPOINTS_ENV}, or name the file with {env}")
     if path.is_file():
         check_whole(path)
     return path
+
+
+def logits_weights_path(checkpoints: Path) -> Path:
+    """torch-fidelity's Inception-v3 weights (with the classifier): `$ACCELBENCH_INCEPTION_LOGITS_WEIGHTS`, else
+    `weights-inception-2015-12-05-6726825d.pth` in the checkpoints folder."""
+    return local_weights(checkpoints, LOGITS_ENV, LOGITS_WEIGHTS, "the inception score reads Inception-v3's class "
+                         "logits", "torch-fidelity's release v0.2.0")
 
 
 class InceptionLogits(nn.Module):

@@ -34,7 +34,6 @@ file under its official name, the one place torch.hub looks before it would down
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -42,11 +41,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from core import files
-from core.cache import CHECKPOINTS_ENV
-from core.checkpoints import check_whole, mismatch, read_state_dict
+from core.checkpoints import mismatch, read_state_dict
 from core.errors import UserError
-from metrics.inception import file_fingerprint, to_uint8
+from metrics.inception import file_fingerprint, local_weights, to_uint8
 
 ENV = "ACCELBENCH_PYTORCH_FID_WEIGHTS"
 WEIGHTS = "pt_inception-2015-12-05-6726825d.pth"  # the basename of pytorch_fid.inception.FID_WEIGHTS_URL
@@ -59,14 +56,8 @@ PREPROCESSING = ("uint8 (rounded) / 255, grey->RGB, torch bilinear resize to 299
 def weights_path(checkpoints: Path) -> Path:
     """pytorch-fid's FID Inception weights: `$ACCELBENCH_PYTORCH_FID_WEIGHTS`, else `WEIGHTS` in the checkpoints
     folder. Missing: one line naming the file and the options (in a dry run, listed)."""
-    named = os.environ.get(ENV)
-    path = Path(named).expanduser() if named else checkpoints / WEIGHTS
-    files.require(path, f"missing {path}: fid@pytorch-fid reads pytorch-fid's FID Inception weights; place {WEIGHTS} "
-                        f"(pytorch-fid's release fid_weights) in {path.parent}, name its folder with --checkpoints or "
-                        f"{CHECKPOINTS_ENV}, or name the file with {ENV}")
-    if path.is_file():
-        check_whole(path)
-    return path
+    return local_weights(checkpoints, ENV, WEIGHTS, "fid@pytorch-fid reads pytorch-fid's FID Inception weights",
+                         "pytorch-fid's release fid_weights")
 
 
 def _network(path: Path) -> nn.Module:
