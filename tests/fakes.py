@@ -318,6 +318,30 @@ _FILES: dict[str, object] = {}  # temporary folders that live as long as the tes
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+def assert_release_keys(written: dict, official: dict, *, dims: dict[int, int] | None = None,
+                        any_depth: bool = False) -> None:
+    """A fake release file's state dict `written` against `official`, the state dict (or keys and shapes) of what
+    the release's own code writes (a fixture of tests/fixtures/, its MAKING.md says how it was made), never what our
+    class writes: a key our class has and the release lacks, or the other way round, fails the test that writes the
+    fake. The same names, and the same shapes with the official fixture's sizes that differ here mapped by `dims`
+    (its vocabulary, {51: 301}); names only where `dims` is None (the configurations differ in more). `any_depth`:
+    names compared without their block indices, shapes not (the official key set is at another depth and width)."""
+    import re
+
+    def names(keys):
+        return {re.sub(r"(?<=\.)\d+(?=\.)", "*", k) for k in keys} if any_depth else set(keys)
+
+    extra, missing = sorted(names(written) - names(official)), sorted(names(official) - names(written))
+    assert not extra and not missing, f"keys the release lacks {extra[:5]}, release keys missing {missing[:5]}"
+    if dims is not None and not any_depth:
+        def shape(v) -> list[int]:  # a tensor's, or a fixture's listed shape
+            return list(getattr(v, "shape", v))
+
+        want = {k: [dims.get(d, d) for d in shape(v)] for k, v in official.items()}
+        differ = {k: (shape(written[k]), want[k]) for k in want if shape(written[k]) != want[k]}
+        assert not differ, f"shapes (written, official) differ: {dict(list(differ.items())[:5])}"
+
+
 def _files(name: str, write) -> Path:
     """A temporary folder `name`, filled once per test process by `write(folder)`."""
     if name not in _FILES:
@@ -412,6 +436,9 @@ def _write_emu3(folder: Path) -> None:
     """A tiny random Emu3 in the Hugging Face format (`save_pretrained`): the text config of transformers' own Emu3
     tests (hidden 32, 2 layers, intermediate 37), a VQ-VAE of 20 codes upsampling 4x, a byte-level BPE tokenizer with
     Emu3's special tokens (300 ids: the 20 visual tokens among them), the processor; and a prompt file."""
+    import json
+
+    from safetensors.torch import load_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (Emu3Config, Emu3ForConditionalGeneration, Emu3ImageProcessor, Emu3Processor,
                               Emu3TextConfig, PreTrainedTokenizerFast)
@@ -439,6 +466,10 @@ def _write_emu3(folder: Path) -> None:
                                                         vocabulary_map=tokenizer.get_vocab()))
     model.save_pretrained(folder / "Emu3-tiny")
     Emu3Processor(Emu3ImageProcessor(), tokenizer).save_pretrained(folder / "Emu3-tiny")
+    # written by transformers 5, read back as the release's folder: held to the keys and shapes that the release's
+    # writer (transformers 4.48's conversion script, `save_pretrained`) gives at this size (tests/fixtures/emu3)
+    official = json.loads((FIXTURES / "emu3" / "Emu3-tiny.keys.json").read_text())["keys"]
+    assert_release_keys(load_file(folder / "Emu3-tiny" / "model.safetensors"), official, dims={})
     (folder / "prompts.txt").write_text("\n".join(EMU3_PROMPTS) + "\n")
 
 
@@ -564,8 +595,13 @@ def write_sdtt_checkpoints(folder: Path) -> None:
     gpt2.save_pretrained(folder / "gpt2")
     tok.save_pretrained(folder / "gpt2")
     (folder / "mdlm-owt").mkdir()
-    save_file({f"backbone.{k}": v.contiguous() for k, v in mdlm.state_dict().items()},
-              folder / "mdlm-owt" / "model.safetensors")
+    state = {f"backbone.{k}": v.contiguous() for k, v in mdlm.state_dict().items()}
+    # the official DIT's keys (tests/fixtures/mdlm, the same size but its 51 tokens) under the HF wrapper's
+    # `backbone.`, which no official fixture lists (docs/checkpoints.md, 'MDLM-OWT': third-party evidence)
+    official = torch.load(FIXTURES / "mdlm" / "mdlm_tiny_parity.pt", weights_only=True)
+    assert_release_keys(state, {f"backbone.{k}": v for k, v in official["state_dict"].items()},
+                        dims={official["vocab_size"]: V + 1})
+    save_file(state, folder / "mdlm-owt" / "model.safetensors")
     (folder / "mdlm-owt" / "config.json").write_text(json.dumps({
         "model_type": "mdlm", "hidden_dim": 32, "cond_dim": 16, "model_length": 32, "n_blocks": 2, "n_heads": 4,
         "dropout": 0.1, "vocab_size": V + 1, "time_conditioning": False}))
@@ -576,10 +612,12 @@ def write_sdtt_checkpoints(folder: Path) -> None:
 def write_sdtt_student(folder: Path, revision: str, *, distill_mode: str = "kl-bwd", seed: int = 1, **model) -> Path:
     """A released SDTT student for the tiny `mdlm-owt` of `write_sdtt_checkpoints` in `folder`: `folder/revision/`
     with config.json in the release's layout (the official run's config of tests/fixtures/sdtt, its `model` sized
-    like the teacher, or by `model`) and random weights under `backbone.` keys."""
+    like the teacher, or by `model`) and random weights under exactly the keys of the official fixture's
+    model.safetensors (written by the release's `push_to_hub` path), asserted: their shapes too, but for its
+    51-token vocabulary, where `model` resizes nothing."""
     import json
 
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from teachers.networks.mdlm_dit import MDLMDiT, MDLMDiTConfig
 
@@ -598,9 +636,13 @@ def write_sdtt_student(folder: Path, revision: str, *, distill_mode: str = "kl-b
                                     n_heads=m["n_heads"]))
         for p in net.parameters():
             torch.nn.init.normal_(p, std=0.1)
+    state = {f"backbone.{k}": v.contiguous() for k, v in net.state_dict().items()}
+    fixture = FIXTURES / "sdtt"
+    vocab = torch.load(fixture / "sdtt_student_parity.pt", weights_only=True)["vocab_size"]
+    assert_release_keys(state, load_file(fixture / "baselines_kld_step_70000" / "model.safetensors"),
+                        dims=None if model else {vocab: teacher["vocab_size"]})
     (folder / revision).mkdir(parents=True)
-    save_file({f"backbone.{k}": v.contiguous() for k, v in net.state_dict().items()},
-              folder / revision / "model.safetensors")
+    save_file(state, folder / revision / "model.safetensors")
     (folder / revision / "config.json").write_text(json.dumps(config, sort_keys=True, indent=2))
     return folder / revision
 
@@ -616,7 +658,12 @@ def write_release(path: Path, state: dict, tree: str = "var") -> None:
 
 
 def write_dd_student(path: Path, teacher: str) -> None:
-    """A released DD student, random weights, for the tiny teacher class `teacher` ("TinyVAR" or "TinyLlamaGen")."""
+    """A released DD student for the tiny teacher class `teacher` ("TinyVAR" or "TinyLlamaGen"), random weights (every
+    part of the network in play: several are zero at init), under exactly the keys the official class writes
+    (tests/fixtures/dd: `DD_Model`'s persistent buffers `lvl_1L` and `attn_bias_for_masking` included, which our
+    class computes and does not save), asserted: names only for VAR (the fixture is 32 wide, `TinyVAR` 64), names
+    and shapes for LlamaGen (the fixture's size). Our class's own state dict once carried a `codebook` key no release
+    has, and the tests that wrote it could not see every real file refused."""
     from core.rng import seeded
     from methods.dd_released import ReleasedLlamaGenDD, ReleasedVARDD
 
@@ -624,7 +671,15 @@ def write_dd_student(path: Path, teacher: str) -> None:
     t = tiny_var_teacher() if var else tiny_llamagen_teacher()
     with seeded(0):
         net = (ReleasedVARDD if var else ReleasedLlamaGenDD)(t.network, t.codebook)
-    write_release(path, net.state_dict(), "var" if var else "llamagen")
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    state = net.state_dict()
+    if var:
+        state.update(lvl_1L=net.lvl_1L, attn_bias_for_masking=net.attn_bias)
+    official = FIXTURES / "dd" / ("var_dd_tiny_parity.pt" if var else "llamagen_dd_tiny_parity.pt")
+    assert_release_keys(state, torch.load(official, weights_only=True)["state_dict"], dims=None if var else {})
+    write_release(path, state, "var" if var else "llamagen")
 
 
 class TinyMDLMOWT(MDLMOWT):

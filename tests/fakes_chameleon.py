@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from teachers.pretrained.chameleon import NEWLINE, SEPARATOR, START, END, VQGAN, Anole7B, LuminaMGPT768, size_token
-from tests.fakes import FIXTURES, _files
+from teachers.pretrained.chameleon import (DROPPED, NEWLINE, QK_NORMS, SEPARATOR, START, END, VQGAN, Anole7B,
+                                           LuminaMGPT768, size_token)
+from tests.fakes import FIXTURES, _files, assert_release_keys
 
 CHAMELEON_PROMPTS = ("a photo of a cat", "a red bus on a street", "two dogs playing in the snow", "a bowl of fruit")
 N_IMAGE_TOKENS = 6  # codes 0..5 of the fixture's 32-code VQGAN
@@ -58,10 +59,30 @@ def _write_chameleon(folder: Path) -> None:
         state = load_file(shard)
         save_file({k: v[:1].contiguous() if "_norm." in k and v.dim() == 2 else v for k, v in state.items()}, shard,
                   metadata={"format": "pt"})
+    _assert_official_keys(folder)
     (folder / "prompts.txt").write_text("\n".join(CHAMELEON_PROMPTS) + "\n")
     for name in VQGAN:  # the VQGAN parity fixture's decoder where Lumina-mGPT's README puts Chameleon's
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(FIXTURES / "chameleon_vqgan" / Path(name).name, folder / name)
+
+
+def _assert_official_keys(folder: Path) -> None:
+    """The tiny folders hold the key names of what Lumina-mGPT's own module writes (tests/fixtures/chameleon, the 7B:
+    32 layers, so names without their layer index) but for the VQ-VAE encoder the loader drops (the tiny one has
+    another depth); Lumina-tiny's QK norms have the official (shards, head_dim) rows. Anole's release has no official
+    fixture: its folder, Chameleon-tiny, is held to the same names, transformers' (tests/test_chameleon_keys.py)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    official = json.loads((FIXTURES / "chameleon" / "Lumina-mGPT-7B.keys.json").read_text())
+    kept = {k: v for k, v in official["keys"].items() if not k.startswith(DROPPED)}
+    states = {name: {k: v for f in (folder / name).glob("*.safetensors") for k, v in load_file(f).items()}
+              for name in ("Chameleon-tiny", "Lumina-tiny")}
+    for state in states.values():
+        assert_release_keys({k: v for k, v in state.items() if not k.startswith(DROPPED)}, kept, any_depth=True)
+    rows = {v.shape[0] for k, v in states["Lumina-tiny"].items() if any(n in k for n in QK_NORMS)}
+    assert rows == {official["config"]["model_parallel_size"]}, rows
 
 
 def _tiny(cls: type, folder_name: str, side: int) -> type:

@@ -16,10 +16,11 @@ T2I_PROMPTS = ("A photo of a cat", "a red bus on a street", "Two dogs playing in
 
 def _write_llamagen_t2i(folder: Path) -> None:
     """`t2i_tiny.pt` (the parity fixture's GPT under "model": 120 caption positions 16 wide, 32 codes), `vq_tiny.pt`
-    (the c2i fixture's VQ decoder), `flan-t5-xl/` (a 1-layer T5 encoder, d_model 16, and a Unigram tokenizer of T5's
-    special tokens trained on the prompts, with `</s>` appended as T5's is) and `prompts.txt`."""
+    (the c2i fixture's VQ decoder), `flan-t5-xl/` (a 1-layer T5, d_model 16, saved whole as FLAN-T5 is, and a
+    Unigram tokenizer of T5's special tokens trained on the prompts, with `</s>` appended as T5's is) and
+    `prompts.txt`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import T5Config, T5EncoderModel, T5TokenizerFast
+    from transformers import T5Config, T5ForConditionalGeneration, T5TokenizerFast
 
     gpt = torch.load(FIXTURES / "llamagen_t2i" / "llamagen_t2i_tiny_parity.pt", weights_only=True)
     torch.save({"model": gpt["state_dict"]}, folder / "t2i_tiny.pt")
@@ -36,7 +37,9 @@ def _write_llamagen_t2i(folder: Path) -> None:
                       eos_token_id=tokenizer.eos_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        T5EncoderModel(config).save_pretrained(folder / T5_FOLDER)
+        # the class google/flan-t5-xl was saved from (its decoder in the file), not the encoder the loader builds:
+        # the loader must read the release's whole-model folder
+        T5ForConditionalGeneration(config).save_pretrained(folder / T5_FOLDER)
     tokenizer.save_pretrained(folder / T5_FOLDER)
     (folder / "prompts.txt").write_text("\n".join(T2I_PROMPTS) + "\n")
 

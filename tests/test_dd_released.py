@@ -17,7 +17,7 @@ from methods.dd_released import BUFFERS, ReleasedLlamaGenDD, ReleasedVARDD
 from teachers.families import ar_token, multiscale_vq
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
 from teachers.networks.var import VAR, VARConfig
-from tests.fakes import write_release
+from tests.fakes import assert_release_keys, write_dd_student, write_release
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dd"
 TINY = VARConfig(depth=2, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4), embed_dim=32, num_heads=2)
@@ -102,6 +102,20 @@ def test_a_full_size_release_loads_on_the_real_teachers_codebook():
     assert "codebook" not in net.state_dict() and net.codebook.shape == (4096, 32)
 
 
+def test_a_fake_release_with_a_key_of_ours_is_refused_by_its_writer(official, official_llamagen):
+    """Broken variants of the check every fake student file passes (tests/fakes.py `write_dd_student`): a key our
+    class once wrote and no release has (`codebook`), a persistent buffer the release saves left out, and a shape
+    other than the release's all fail."""
+    var, llamagen = official["state_dict"], official_llamagen["state_dict"]
+    assert_release_keys(var, var, dims={})
+    for broken in ({**var, "codebook": official["codebook"]}, {k: v for k, v in var.items() if k != "lvl_1L"}):
+        with pytest.raises(AssertionError, match="keys the release lacks|release keys missing"):
+            assert_release_keys(broken, var)
+    with pytest.raises(AssertionError, match="shapes .* differ: {'tok_embeddings.weight'"):
+        assert_release_keys({**llamagen, "tok_embeddings.weight": llamagen["tok_embeddings.weight"].T}, llamagen,
+                            dims={})
+
+
 def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_path):
     teacher = var_like(VAR(TINY), official["codebook"])
     torch.save(official["state_dict"], tmp_path / "raw.pth")
@@ -122,20 +136,10 @@ def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     import cli
-    from core.rng import seeded
-    from tests.fakes import tiny_var_teacher
 
-    teacher = tiny_var_teacher()
-    with seeded(0):
-        net = ReleasedVARDD(teacher.network, teacher.codebook)
-    with torch.no_grad():
-        for p in net.parameters():  # every part of the network in play (several are zero at init)
-            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    # the file holds exactly the keys `DD_Model.state_dict()` writes at this depth (the official fixture's), the
-    # buffers the official model saves included; never what our own class would write
-    state = {**net.state_dict(), "lvl_1L": net.lvl_1L, "attn_bias_for_masking": net.attn_bias}
-    assert set(state) == set(torch.load(FIXTURES / "var_dd_tiny_parity.pt", weights_only=True)["state_dict"])
-    write_release(tmp_path / "var-dd-tiny.pth", state)
+    # exactly the keys `DD_Model.state_dict()` writes at this depth (the official fixture's, asserted), the buffers
+    # the official model saves included; never what our own class would write
+    write_dd_student(tmp_path / "var-dd-tiny.pth", "TinyVAR")
     store = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["run", "--teacher", "tiny-var", "--method", "dd", "--n-samples", "4", "--batch-size", "2",
             "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "rel", "--warmup", "0",
@@ -249,13 +253,8 @@ def test_dd_with_a_released_llamagen_student_from_the_cli(plugin, tmp_path):
     from mlflow.tracking import MlflowClient
 
     import cli
-    from core.rng import seeded
-    from tests.fakes import tiny_llamagen_teacher
 
-    teacher = tiny_llamagen_teacher()
-    with seeded(0):
-        net = ReleasedLlamaGenDD(teacher.network, teacher.codebook)
-    write_release(tmp_path / "llamagen-tiny.pt", net.state_dict(), "llamagen")
+    write_dd_student(tmp_path / "llamagen-tiny.pt", "TinyLlamaGen")  # the official fixture's keys and shapes
     store = f"sqlite:///{tmp_path}/mlflow.db"
     args = ["run", "--teacher", "tiny-llamagen", "--method", "dd", "--n-samples", "4", "--batch-size", "2",
             "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--experiment", "rel", "--warmup", "0",
