@@ -21,6 +21,7 @@ from collections import Counter
 
 import torch
 
+from core.acceptance import count_each
 from core.samples import Samples
 from methods.cspd_verify import accept_each, at_rows, stack, truncate, unflatten
 from teachers.families import masked_ar
@@ -79,7 +80,8 @@ def _released_windows(t, cfg, tokens, known, cond, order, k: int, scales, noise,
         rows, pos = (known & ~verified).nonzero(as_tuple=True)
         z = t.target.condition(tokens, verified, cond, guided=s.cfg != 1)
         p = t.target.denoise(z[rows, pos], *noise.at(rows, pos), s, float(scales[end]))
-        tokens[rows, pos], _ = accept_each(cfg, tokens[rows, pos], p, at_rows(q, rows, pos), generator, c)
+        tokens[rows, pos], ok = accept_each(cfg, tokens[rows, pos], p, at_rows(q, rows, pos), generator, c)
+        count_each(c, order.step[rows, pos] - k + 1, ok, B)  # position: the draft step in the window
         c.update(nfe=B, draft_nfe=B * (end + 1 - k), head_chains=len(rows), draft_head_chains=len(rows),
                  drafts=len(rows))
         verified, k = known.clone(), end + 1

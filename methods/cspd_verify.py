@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from core.acceptance import NO_BONUS, count_each, count_prefix
 from teachers.families.continuous_ar import HeadOutput
 
 
@@ -97,6 +98,8 @@ def truncate(config, drafts, p: HeadOutput, q: HeadOutput, room: torch.Tensor, b
         c["head_chains"] += len(extra)
     c.update(drafts_verified=int(torch.where(n < g, n + 1, n).sum()), drafts_accepted=int(n.sum()),
              bonus_tokens=len(extra))
+    count_prefix(c, n, torch.full_like(n, g))
+    c[NO_BONUS] += int(((n == g) & ~room).sum())
     return new, torch.where((n < g) | room, n + 1, n)
 
 
@@ -118,7 +121,8 @@ def replace_each(config, drafts, p: HeadOutput, q: HeadOutput, generator, c: Cou
     always pending)."""
     new, ok = accept_each(config, drafts, p, q, generator, c)
     replaced = (~ok).nonzero(as_tuple=True)[1]
-    g = drafts.shape[1]
+    M, g = ok.shape
+    count_each(c, torch.arange(1, g + 1, device=ok.device).repeat(M), ok.flatten(), M)
     first = min(int(replaced.min()) if len(replaced) else g, g - 1)
     return torch.cat([new, torch.zeros_like(new[:, :1])], 1), first
 

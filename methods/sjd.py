@@ -25,6 +25,7 @@ from typing import ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
+from core.acceptance import count_prefix
 from core.errors import UserError
 from core.samples import Samples
 from methods.base import Method, Passes
@@ -201,6 +202,7 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
         rejected = n_ok < n_valid  # (M,); otherwise every draft was accepted and the last real row gives a bonus
         counts["drafts_verified"] += int((n_ok + rejected).sum())
         counts["drafts_accepted"] += int(n_ok.sum())
+        count_prefix(counts, n_ok, n_valid)  # a bonus always fits: the window stops at the sequence's last token
         pend = n_out + 1 + n_ok  # the pending token and the accepted drafts are committed
         teacher.rollback(state, pend if ragged else int(pend))
         # Position pend + j takes this pass's row n_ok + j: j = 0 the decided token (the bonus, or the rejected

@@ -1,4 +1,5 @@
-"""PNG plots from MLflow trial runs: quality vs wall time with the Pareto front, and acceptance vs window.
+"""PNG plots from MLflow trial runs: quality vs wall time with the Pareto front, acceptance vs window, and acceptance by
+draft position.
 
 Pure functions of the runs (see `reports.tables.TrialRun`); one figure per teacher. PNG metadata carries no
 software version or date, so the same store gives the same files.
@@ -12,6 +13,7 @@ from typing import NamedTuple
 
 import matplotlib
 
+from core.acceptance import rates
 from core.names import SEC_PER_SAMPLE
 from core.registry import METHODS
 from reports.tables import TrialRun, natural, quality_columns, shown_knobs
@@ -133,6 +135,38 @@ def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path 
     ax.set_title(f"{teacher}: acceptance vs window")
     ax.legend(fontsize=7)
     return _save(fig, out, f"acceptance_{teacher}.png")
+
+
+def position_rates(runs: list[TrialRun]) -> dict[str, dict[int, tuple[float, float]]]:
+    """label -> draft position k -> (conditional, marginal) acceptance rate (`core.acceptance`), each the mean over the
+    label's seeds; runs without acceptance counts (every method but SJD, Jacobi and CSpD) are left out."""
+    groups: dict = {}
+    for r in runs:
+        for k, rate in rates(r.metrics, "_per_sample").items():
+            groups.setdefault(_label(r, runs), {}).setdefault(k, []).append(rate)
+    return {label: {k: (statistics.fmean(c for c, _ in v), statistics.fmean(m for _, m in v))
+                    for k, v in sorted(by_k.items())}
+            for label, by_k in sorted(groups.items(), key=lambda kv: natural(kv[0]))}
+
+
+def acceptance_by_position(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    """Conditional (accepted / reached) and marginal (accepted / rounds) acceptance rate at each draft position, one
+    line per run group."""
+    series = position_rates(runs)
+    if not series:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for i, (label, by_k) in enumerate(series.items()):
+        for which, ax in enumerate(axes):
+            ax.plot(list(by_k), [v[which] for v in by_k.values()], MARKERS[i // 10 % len(MARKERS)] + "-", label=label)
+    for ax, title in zip(axes, ("conditional: P(accepted | reached)", "marginal: accepted per round")):
+        ax.set_xlabel("draft position k")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(bottom=0)  # a masked released window step may draft several tokens: a marginal above 1
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"{teacher}: {title}")
+        ax.legend(fontsize=7)
+    return _save(fig, out, f"acceptance_by_position_{teacher}.png")
 
 
 def study_history(name: str, objective: str, direction: str, trials: dict[int, float], out: Path) -> Path:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.names import KIND_TAG, LAMBADA, STUDY, TRIAL
-from reports.plots import acceptance_vs_window, quality_vs_time, study_history, study_importances
+from reports.plots import (acceptance_by_position, acceptance_vs_window, quality_vs_time, study_history,
+                           study_importances)
 from reports.tables import TrialRun, build_markdown
 
 
@@ -75,7 +76,8 @@ def write_report(uri: str, experiment: str, out: Path, filter_string: str = "") 
     images = []
     for teacher in sorted({r.teacher for r in runs}):
         mine = [r for r in runs if r.teacher == teacher]
-        images += [p for p in (quality_vs_time(mine, teacher, out), acceptance_vs_window(mine, teacher, out)) if p]
+        images += [p for p in (quality_vs_time(mine, teacher, out), acceptance_vs_window(mine, teacher, out),
+                               acceptance_by_position(mine, teacher, out)) if p]
     for name, params in _studies(uri, experiment):
         images += study_plots(name, params, runs, out)
     text = build_markdown(runs, f"AccelBench report: {experiment}", load_runs(uri, experiment, filter_string, LAMBADA))
