@@ -1,5 +1,5 @@
 """The runner: one planned trial (`bench.plan`) = teacher -> fit -> warm-up -> timed sampling of both arms ->
-each arm's FLOPs counted on one batch -> metrics -> one MLflow run.
+metrics -> one MLflow run.
 
 The reference arm (the teacher's own sampler, its family's, with the method's `sampling` config) runs in the same
 process, on the same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up
@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
 from core import distributed, precision
@@ -32,10 +30,10 @@ from core.cache import Cache
 from core.config import config_dict
 from core.envinfo import environment_tags, git_sha
 from core.errors import UserError
-from core.names import (FLOPS_PER_SAMPLE, HEADLINE_TAG, KIND_TAG, KNOBS_TAG, LAMBADA, MACS_PER_SAMPLE, NFE_PER_SAMPLE,
-                         SPEEDUPS, TRIAL)
+from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
+                         SPEEDUP_WALL, TRIAL)
 from core.paper import paper_tags
-from core.rng import batch_seed, seeded
+from core.rng import batch_seed
 from core.samples import Samples
 from core.spool import ArmSpool, Batch, TrialSpool, claim
 from core.timing import latency_stats, stopwatch
@@ -127,33 +125,6 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
             r.counters.update(b.counters)
             r.compression.append(b.counters["tokens"] / b.counters["nfe"])
     return results, warmup
-
-
-def _count_flops(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, device) -> dict[str, dict[str, float]]:
-    """Each arm's arithmetic per sample, counted by torch's `FlopCounterMode` on one more draw of the trial's first
-    batch (its conditions and its seed, on generators of its own), after the timed sampling: the spool, the timings
-    and the arms' generators are untouched, and torch's global generators are restored after it (`core.rng.seeded`).
-
-    `flops_per_sample` is the counter's convention, 2 FLOPs per multiply-add; `macs_per_sample` is half of it, the
-    papers' "GFLOPs" convention (ARD Table 1's 118.6 GFLOPs for a DiT-XL/2 forward counts a multiply-add once). The
-    counter counts matrix products and convolutions only (mm, addmm, bmm, baddbmm, convolutions, the attention
-    kernels): elementwise ops, norms, softmax, embedding look-ups and sampling are left out, and so are bias adds.
-    Attention runs on the math kernel while counting, since the counter has no formula for the fused CPU kernel
-    (the CUDA kernels' formulas give the same count); a masked or causal attention counts its full score matrix. The
-    sampler's call is counted, as it is timed: the decoding of its output (VQ/VAE decoder, tokenizer) is not. A
-    speculative arm's passes depend on acceptance (SJD, CSpD): its count is this one draw's, not the mean over the
-    trial's batches that `nfe_per_sample` is (and the math kernel may round a near-tie of acceptance otherwise than
-    the timed draw did)."""
-    sl = _batches(trial.n_samples, trial.batch_size)[0]
-    out = {}
-    for name, method in arms.items():
-        generator = torch.Generator(device).manual_seed(batch_seed(trial.seed, 0))
-        with seeded(trial.seed), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, \
-                precision.autocast(device, trial.dtype):
-            method.sample(conds[sl], generator=generator)
-        flops = counter.get_total_flops() / (sl.stop - sl.start)
-        out[name] = {FLOPS_PER_SAMPLE: flops, MACS_PER_SAMPLE: flops / 2}
-    return out
 
 
 def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
@@ -349,17 +320,15 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict
     scorers = [m.cls(teacher, cache=ctx.cache, device=device, checkpoints=p.checkpoints, extractor=m.extractor)
                for m in p.metrics if m.unavailable is None]
     artifacts, hashes = {}, {}
-    flops = _count_flops(arms, conds, t, device)
     for name, r in results.items():
         prefix = "" if name == "method" else f"{name}/"
-        arm = {**_arm_metrics(r, t.n_samples), **flops[name]}
+        arm = _arm_metrics(r, t.n_samples)
         values, file_name, content, hashes[f"samples_sha256.{name}"] = _score_arm(
             r, arms[name].teacher, scorers, t.metric_repeats, "samples" if name == "method" else f"{name}_samples")
         metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
         artifacts[file_name] = content
-    # a method whose ops the FLOP counter does not see has no FLOPs speed-up
-    metrics.update({speedup: metrics["ref/" + key] / metrics[key] for speedup, key in SPEEDUPS.items()
-                    if metrics.get(key)})
+    metrics[SPEEDUP_WALL] = metrics["ref/" + SEC_PER_SAMPLE] / metrics[SEC_PER_SAMPLE]
+    metrics[SPEEDUP_STEPS] = metrics["ref/" + NFE_PER_SAMPLE] / metrics[NFE_PER_SAMPLE]
     defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
     at_defaults = all(p.trial.params.get(k) == defaults.get(k) for k in p.method_cls.key_knobs)
     ctx.log.log(tags={

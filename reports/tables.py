@@ -16,8 +16,7 @@ from datetime import datetime, timezone
 
 from core.paper import SPEED_KEYS, from_tags
 from core.trial import MAX_COUNT
-from core.names import (HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_FLOPS, SPEEDUP_STEPS,
-                        SPEEDUP_WALL, SPEEDUPS)
+from core.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has
@@ -128,7 +127,6 @@ def _columns(quality) -> list[Column]:
             Column("ms / sample ↓", SEC_PER_SAMPLE, 1000),
             Column("speed-up wall ↑", SPEEDUP_WALL, suffix="×"),
             Column("speed-up steps ↑", SPEEDUP_STEPS, suffix="×"),
-            Column("speed-up FLOPs ↑", SPEEDUP_FLOPS, suffix="×"),
             *(Column(_header(k, h), k) for k, h in quality)]
 
 
@@ -154,7 +152,7 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
         for c in columns:
             values = [c.scale * v for v in values_of(c)]
             blank |= c.key in quality_keys and not values
-            out.append(_fmt(values, c.digits, c.suffix) or ("" if c.key in quality_keys else "—"))  # "—": not logged
+            out.append(_fmt(values, c.digits, c.suffix))
             if c.key in with_paper:
                 ref = paper_value(paper or {}, c.key)
                 if ref is None or not values:
@@ -177,9 +175,8 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
     for (ref, samp, batch, n), seeds in sorted(by_ref.items(), key=lambda kv: natural(str(kv[0]))):
 
         def per_seed(c: Column):
-            if c.key in SPEEDUPS:  # where the runs logged the teacher arm's metric (older runs have no FLOPs)
-                logged = any(f"ref/{SPEEDUPS[c.key]}" in r.metrics for rs in seeds.values() for r in rs)
-                return [1.0] if logged else []
+            if c.key.startswith("speedup_"):
+                return [1.0]
             key = f"ref/{c.key}"
             found = ([r.metrics[key] for r in seeds[s] if key in r.metrics] for s in sorted(seeds))
             return [vals[0] for vals in found if vals]
@@ -207,8 +204,8 @@ def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int
     arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/" + NFE_PER_SAMPLE)} - {"ref", "fit"})
     for arm in arms:
         m = [r.metrics for r in rs if f"{arm}/{NFE_PER_SAMPLE}" in r.metrics]
-        ratios = {speedup: [x["ref/" + key] / x[f"{arm}/{key}"] for x in m if x.get(f"{arm}/{key}")]
-                  for speedup, key in SPEEDUPS.items()}
+        ratios = {SPEEDUP_WALL: [x["ref/" + SEC_PER_SAMPLE] / x[f"{arm}/{SEC_PER_SAMPLE}"] for x in m],
+                  SPEEDUP_STEPS: [x["ref/" + NFE_PER_SAMPLE] / x[f"{arm}/{NFE_PER_SAMPLE}"] for x in m]}
 
         def values(c: Column, m=m, ratios=ratios, arm=arm):
             return ratios.get(c.key) or [x[f"{arm}/{c.key}"] for x in m if f"{arm}/{c.key}" in x]
@@ -229,8 +226,8 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
         best.setdefault(r.method, {}).setdefault(key, {}).setdefault(r.seed, r)
     if not best:
         return []
-    lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | speed-up FLOPs ↑ "
-             "| quality | method | teacher arm |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
+             "| teacher arm |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in sorted(best):
         (teacher, knobs, batch, _, _), seeds = max(best[method].items(),
                                                    key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
@@ -245,9 +242,7 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
                      _fmt([r.metrics[f"ref/{key}"] for r in rs if f"ref/{key}" in r.metrics], 2)]
         lines.append("| " + " | ".join([method, teacher, knobs, str(batch), str(len(rs)),
                                         _fmt([r.metrics[SPEEDUP_WALL] for r in rs], 2, "×"),
-                                        _fmt([r.metrics[SPEEDUP_STEPS] for r in rs], 2, "×"),
-                                        _fmt([r.metrics[SPEEDUP_FLOPS] for r in rs if SPEEDUP_FLOPS in r.metrics], 2,
-                                             "×") or "—", name, *cells]) + " |")
+                                        _fmt([r.metrics[SPEEDUP_STEPS] for r in rs], 2, "×"), name, *cells]) + " |")
     return lines
 
 
@@ -330,9 +325,7 @@ def build_markdown(runs: list[TrialRun], title: str, evaluations: list[TrialRun]
             "identical samples, NFE, acceptance and quality metrics. On another machine (CPU model, BLAS, torch "
             "version, thread count, device) samples and quality metrics may differ within seed-to-seed spread, since "
             "floating-point reductions round differently; wall times and wall speed-ups vary with the machine and its "
-            "load on every run. Step speed-ups and NFE depend only on the samples; FLOPs speed-ups are the ratio of "
-            "the arms' FLOPs per sample, counted by torch's FlopCounterMode (matrix products and convolutions) on "
-            "one batch of each arm, so no machine's load moves them (a speculative arm's count is that batch's)."]
+            "load on every run. Step speed-ups and NFE depend only on the samples."]
     if any_blank:
         out += ["", "Blank cells: the metric was not computed for that row (not requested, or not applicable)."]
     unavailable = {(tag[len("unavailable."):], reason) for r in runs for tag, reason in r.tags.items()

@@ -14,7 +14,7 @@ REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"
 
 
 def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False,
-              batch=None, extra_tags=None, flops=None):
+              batch=None, extra_tags=None):
     """A trial run as the runner logs it (knobs under their own names, listed in a tag), or, `legacy`, as runs before
     that did (knobs as "params.<knob>")."""
     tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
@@ -30,8 +30,6 @@ def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, re
     metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
                "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
                "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe}
-    if flops is not None:  # the method arm's; the teacher arm's is 64 MFLOPs (runs before FLOPs were counted: None)
-        metrics.update({"flops_per_sample": flops, "ref/flops_per_sample": 64e6, "speedup_flops": 64e6 / flops})
     if fid is not None:
         metrics.update({"fid.digits-cnn": fid, "ref/fid.digits-cnn": ref_fid})
         tags["higher_is_better.fid.digits-cnn"] = "false"
@@ -48,10 +46,8 @@ def store(tmp_path):
     client = MlflowClient(uri)
     exp = client.create_experiment("paper")
     # SJD W=16 over three seeds, with FID on both arms.
-    log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, fid=2.0, ref_fid=2.5, day=1,
-              flops=16e6)
-    log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=25.0, ref_ms=40.0, nfe=32.0, fid=3.0, ref_fid=2.5, day=2,
-              flops=32e6)
+    log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, fid=2.0, ref_fid=2.5, day=1)
+    log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=25.0, ref_ms=40.0, nfe=32.0, fid=3.0, ref_fid=2.5, day=2)
     log_trial(client, exp, "sjd", 2, SJD_KNOBS, ms=20.0, ref_ms=44.0, nfe=34.0, fid=4.0, ref_fid=2.8, day=3,
               legacy=True)  # a run of an older store reads the same
     # A Jacobi run without FID: its quality cell must be blank, never zero.
@@ -85,14 +81,12 @@ def test_table_cells_and_arithmetic(store, tmp_path):
     assert sjd[7] == "21.67 ± 2.89"  # ms / sample of 20, 25, 20
     assert sjd[8] == "1.93× ± 0.31"  # mean and std of the in-run ratios 40/20, 40/25, 44/20
     assert sjd[9] == "2.01× ± 0.13"  # of 64/30, 64/32, 64/34
-    assert sjd[10] == "3.00× ± 1.41"  # of 64/16 and 64/32: the legacy run has no FLOPs
-    assert sjd[11] == "3.00 ± 1.00"
+    assert sjd[10] == "3.00 ± 1.00"
     teacher = [c.strip() for c in row(text, "ar (teacher)").split("|")[1:-1]]
     # Seed 0 has two runs (sjd, jacobi); its timing comes from the first (jacobi), its FID from the one with FID.
-    assert teacher[3:] == ["1", "100", "3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "1.00×", "2.60 ± 0.17"]
+    assert teacher[3:] == ["1", "100", "3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "2.60 ± 0.17"]
     jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
-    # one seed: no ±; FLOPs not logged: "—"; no FID: blank
-    assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", "—", ""]
+    assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
     assert "Blank cells: the metric was not computed" in text
     assert ("unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set "
             "ACCELBENCH_HPSV2_CHECKPOINT)") in text and "HPSV2" not in header
@@ -169,7 +163,7 @@ def test_the_headline_has_a_row_per_paper_method_at_its_defaults(tmp_path):
     assert text.index("## Headline") < text.index("## digits-ar-t2i")
     headline = text[text.index("## Headline"):text.index("## digits-ar-t2i")]
     (row,) = [line for line in headline.splitlines() if line.startswith("| sjd |")]
-    assert row == ("| sjd | digits-ar-t2i | window=16, init=random | 1 | 2 | 1.91× ± 0.13 | 2.13× ± 0.00 | — "
+    assert row == ("| sjd | digits-ar-t2i | window=16, init=random | 1 | 2 | 1.91× ± 0.13 | 2.13× ± 0.00 "
                    "| FID ↓ (digits-cnn) | 2.50 ± 0.71 | 2.50 ± 0.00 |")
 
 
