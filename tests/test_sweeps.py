@@ -146,9 +146,10 @@ def test_journal_killed_local_worker_is_retried(tmp_path):
 
 
 def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
-    """A study whose trials take ~1 s; SIGKILL a worker while it holds a RUNNING trial; the trial is retried."""
+    """A study whose trials take ~1 s; SIGKILL a worker while it holds a RUNNING trial whose MLflow run has started
+    (before it, the worker may still be loading: no run to mark); the trial is retried."""
     from bench.tracking import Tracker
-    from sweeps.study import StorageOptions, make_storage, open_study
+    from sweeps.study import RUNS_ATTR, StorageOptions, make_storage, open_study
 
     slow = spec_file(tmp_path, n_trials=4, study="slow",
                      base={"teacher": "slow-table-ar", "method": "sjd", "n_samples": 6})
@@ -158,7 +159,8 @@ def _kill_a_worker_mid_trial(tmp_path, storage, mlflow):
     victim = None
     deadline = time.time() + 60
     while victim is None and time.time() < deadline:
-        running = [t for t in trials(storage, "slow") if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
+        running = [t for t in trials(storage, "slow") if t.state == TrialState.RUNNING and "worker" in t.user_attrs
+                   and t.user_attrs.get(RUNS_ATTR)]
         pids = {int(t.user_attrs["worker"].split(":")[1]): t.number for t in running}
         victim = next((p for p in procs if p.pid in pids), None)
         time.sleep(0.2)
