@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test zoo gpu-wheels gpu-check clean-venv
+.PHONY: demo test zoo gpu-wheels gpu-check gpu-bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ gpu-wheels:
 gpu-check:
 	PYTHONPATH=".$(subst $(space),,$(foreach w,$(wildcard $(GPU_WHEELS)/*.whl),:$(w)))" \
 		$(GPU_PYTHON) -m pytest -p no:cacheprovider -m gpu -rs tests/test_gpu.py
+
+# The GPU benchmark (benchmarks/gpu_bench.py): every paper suite's rows timed at full size with random weights under
+# the latency protocol, in at most 8 minutes, at each row's timed batch and precision; it writes this device's
+# per-pass costs (bench/costs/<kind>.recorded.yaml, for dry runs priced for it) and results/gpu-bench/<kind>.md beside
+# the papers' latencies. It needs torch and PyYAML only (a GPU box's image has both); tested on the CPU at a reduced
+# size (tests/test_cost.py).
+gpu-bench:
+	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_bench.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,47 +3,89 @@
 For every trial, planned exactly as a real run plans it (names, knobs, metrics) but with its files listed instead of
 refused (`core.files.audit`): the files it needs under `--checkpoints` and which are missing; the samples and forward
 passes of each arm (`Method.passes`, the family's sampler for the reference arm); and an estimated cost in device-hours
-from the per-pass costs the project's own cost benchmarks measured (`bench/costs.yaml`, each naming the device and the
-command that measured it). Nothing is trained, loaded or logged.
+on a device kind (`--device-kind`, default the current device's) from the per-pass costs measured on that kind at each
+batch size (`bench/costs/`: the project's cost benchmarks on this CPU, and what the cost mode recorded on other
+devices, `--cost --latency --record`; each entry names the device and the command that measured it). Nothing is
+trained, loaded or logged.
 """
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.config import read_yaml_mapping
 from core.errors import UserError
 from core.files import Needed
+from core.latency import LatencyProtocol
 from core.trial import MAX_COUNT
 from bench.plan import Plan
 from methods.base import Passes, TeacherSampler
 
-COSTS = Path(__file__).with_name("costs.yaml")
+COSTS = Path(__file__).with_name("costs")  # one file per device kind (a hand-measured one, a recorded one)
 FREE_KINDS = ("lookup",)
 
 
 @dataclass(frozen=True)
-class Cost:
-    """One teacher's measured cost at full size: seconds per pass of one sample, by kind (`methods.base.Passes`)."""
+class Entry:
+    """Seconds per pass of one sample by kind (`methods.base.Passes`) at one batch size, and what measured them."""
 
-    length: int  # positions the sampler steps over: tokens generated, or a multi-scale teacher's scales
     seconds: dict[str, float]
     device: str
     command: str
 
 
+@dataclass(frozen=True)
+class Cost:
+    """One teacher's measured cost at full size on one device kind, by batch size."""
+
+    length: int  # positions the sampler steps over: tokens generated, or a multi-scale teacher's scales
+    batches: dict[int, Entry]
+
+    def at(self, batch: int) -> tuple[Entry, int] | None:
+        """The entry for `batch`, else the largest measured batch below it (per sample it costs at least as much:
+        an upper bound), else None."""
+        below = [b for b in self.batches if b <= batch]
+        return (self.batches[max(below)], max(below)) if below else None
+
+
+def device_kind(device) -> str:
+    """The kind a device's costs are filed under: `cpu`, or the GPU's name in lower case with dashes
+    (`nvidia-h100-80gb-hbm3`)."""
+    import torch
+
+    if device.type != "cuda":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+
+
+def _entry(data: Any, where: str) -> Entry:
+    try:
+        return Entry({k: float(v) for k, v in data["seconds"].items()}, str(data["device"]), str(data["command"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UserError(f"{where}: an entry needs seconds (kind: s), device and command") from None
+
+
 @functools.cache
-def costs(path: Path = COSTS) -> dict[str, Cost]:
-    data = read_yaml_mapping(str(path), "cost table")
-    out = {}
-    for teacher, entry in data.items():
-        try:
-            out[teacher] = Cost(int(entry["length"]), {k: float(v) for k, v in entry["seconds"].items()},
-                                str(entry["device"]), str(entry["command"]))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise UserError(f"cost table {path}: entry {teacher!r} needs length, seconds (kind: s), device and "
-                            f"command") from None
+def costs(folder: Path = COSTS) -> dict[str, dict[str, Cost]]:
+    """Device kind -> teacher -> its measured cost, from every YAML file in `folder` (`kind:`, `teachers:`); a
+    recorded file's batches (`<kind>.recorded.yaml`, read after the hand-measured one) replace the same batches."""
+    out: dict[str, dict[str, Cost]] = {}
+    for path in sorted(folder.glob("*.yaml"), key=lambda f: (f.name.endswith(".recorded.yaml"), f.name)):
+        data = read_yaml_mapping(str(path), "cost table")
+        kind, teachers = data.get("kind"), data.get("teachers")
+        if not isinstance(kind, str) or not isinstance(teachers, dict):
+            raise UserError(f"cost table {path}: needs 'kind' (a device kind) and 'teachers' (name: entry)")
+        for teacher, entry in teachers.items():
+            where = f"cost table {path}: teacher {teacher!r}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("batches"), dict) or "length" not in entry:
+                raise UserError(f"{where} needs length and batches (batch size: entry)")
+            old = out.setdefault(kind, {}).get(teacher)
+            batches = {**(old.batches if old else {}),
+                       **{int(b): _entry(e, f"{where}, batch {b}") for b, e in entry["batches"].items()}}
+            out[kind][teacher] = Cost(int(entry["length"]), batches)
     return out
 
 
@@ -53,6 +95,7 @@ class ArmCost:
     passes: Passes
     seconds: float | None  # all of the arm's samples, None when a kind has no measured cost
     unpriced: tuple[str, ...]
+    priced_at: tuple[tuple[int, int], ...]  # (batch size, the measured batch size its samples were priced at)
 
 
 @dataclass(frozen=True)
@@ -61,6 +104,10 @@ class TrialCost:
     samples: int  # per arm, warm-up included
     arms: tuple[ArmCost, ...]  # empty when the teacher has no measured cost
     cost: Cost | None
+    devices: tuple[str, ...] = ()  # what measured the entries used, with their commands
+    # the training data `fit` draws from the teacher (`Method.generates`): (what, how many, seconds or None, a key
+    # that names the same data drawn by another trial)
+    data: tuple[str, int, float | None, tuple] | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -69,22 +116,50 @@ class TrialCost:
         return sum(a.seconds for a in self.arms)
 
 
-def estimate(p: Plan, warmup: int) -> TrialCost:
-    """The trial's arms, their passes and their cost (priced only with a measured cost for the teacher)."""
-    samples = p.trial.n_samples + warmup * p.trial.batch_size
-    cost = costs().get(p.trial.teacher)
+def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = LatencyProtocol(),
+             folder: Path = COSTS, read: bool = False) -> TrialCost:
+    """The trial's arms, their passes and their cost on device kind `kind` (priced only with a measured cost for the
+    teacher): the quality samples at the trial's batch size, and, with a `latency_batch`, the latency protocol's
+    calls (at its floors of warm-up and count) at that batch. `read`: an earlier trial draws the reference arm's
+    samples (`Plan.reference_draws`), so that arm is only timed (`bench.runner`)."""
+    t = p.trial
+    samples = t.n_samples + warmup * t.batch_size
+    at = t.latency_batch
+    timed = [((protocol.warmup + protocol.min_count) * at, at)] if at else []
+    work = [(samples, t.batch_size), *timed]
+    cost = costs(folder).get(kind, {}).get(t.teacher)
     if cost is None:
         return TrialCost(p, samples, (), None)
     family = p.teacher_cls.family
-    arms = {"ref": TeacherSampler.passes(p.sampling, family, cost.length)["method"],
+    # a teacher-only trial draws once (`bench.runner`): its reference arm is its method arm's draws
+    alone = issubclass(p.method_cls, TeacherSampler)
+    arms = {**({} if alone else {"ref": TeacherSampler.passes(p.sampling, family, cost.length)["method"]}),
             **p.method_cls.passes(p.config, family, cost.length)}
-    out = []
+    reference = "method" if alone else "ref"
+    out, devices = [], set()
     for arm, passes in arms.items():
-        priced = {k: n for k, n in passes.counts.items() if k in cost.seconds or k in FREE_KINDS}
-        unpriced = tuple(sorted(set(passes.counts) - set(priced)))
-        seconds = None if unpriced else samples * sum(n * cost.seconds.get(k, 0.0) for k, n in priced.items())
-        out.append(ArmCost(arm, passes, seconds, unpriced))
-    return TrialCost(p, samples, tuple(out), cost)
+        seconds, unpriced, at = 0.0, set(), []
+        for n, batch in timed if read and arm == reference else work:
+            found = cost.at(batch)
+            if found is None:
+                unpriced.add(f"any batch <= {batch}")
+                continue
+            entry, measured = found
+            at.append((batch, measured))
+            devices.add(f"{entry.device} ({entry.command})")
+            priced = {k: c for k, c in passes.counts.items() if k in entry.seconds or k in FREE_KINDS}
+            unpriced |= set(passes.counts) - set(priced)
+            seconds += n * sum(c * entry.seconds.get(k, 0.0) for k, c in priced.items())
+        out.append(ArmCost(arm, passes, None if unpriced else seconds, tuple(sorted(unpriced)), tuple(at)))
+    data = None
+    if generated := p.method_cls.generates(p.config, family, cost.length):
+        what, n, passes = generated
+        found = cost.at(t.batch_size)  # drawn at the trial's batch size, as the samplers are
+        entry = found[0] if found else None
+        priced = entry is not None and set(passes.counts) <= set(entry.seconds) | set(FREE_KINDS)
+        seconds = n * sum(c * entry.seconds.get(k, 0.0) for k, c in passes.counts.items()) if priced else None
+        data = (what, n, seconds, (t.teacher, what, n, repr(p.sampling)))
+    return TrialCost(p, samples, tuple(out), cost, tuple(sorted(devices)), data)
 
 
 def _hours(seconds: float | None) -> str:
@@ -96,47 +171,84 @@ def _passes_text(passes: Passes) -> str:
     return f"at most {text}" if passes.at_most else text
 
 
-def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]]], warmup: int) -> str:
-    """The dry run's text: the files, then a block per trial, then the totals."""
+def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]]], warmup: int, kind: str,
+           ranks: int = 1, protocol: LatencyProtocol = LatencyProtocol(), folder: Path = COSTS) -> str:
+    """The dry run's text: the files, then a block per trial, then the totals, priced for device kind `kind` over
+    `ranks` ranks from the costs in `folder`."""
     lines = [title, "", f"files under --checkpoints {checkpoints.absolute()}:"]
     seen: dict[Path, bool] = {}
     for _, needed in entries:
         seen.update({n.path: n.present for n in needed})
     lines += [f"  {'ok     ' if present else 'MISSING'}  {path}" for path, present in seen.items()] or ["  (none)"]
     lines.append("")
+    known = costs(folder)
+    if kind not in known:
+        lines += [f"no measured costs for device kind {kind!r} in {folder} (kinds with costs: "
+                  f"{', '.join(sorted(known))}): nothing is priced; measure them on that device with "
+                  f"`accelbench suite FILE --cost --latency --record`", ""]
     total, unpriced, devices = 0.0, 0, set()
+    drawn: dict[tuple, int] = {}  # training data already priced, by key -> the trial that draws it first
+    references: dict[str, int] = {}  # reference draws (`Plan.reference_draws`) -> the trial that draws them
+    data_unpriced = 0
     for i, (p, needed) in enumerate(entries, 1):
-        t, est = p.trial, estimate(p, warmup)
+        t = p.trial
+        first = None if p.tasks or not t.latency_batch else references.setdefault(p.reference_draws(), i)
+        read = first is not None and first != i
+        est = estimate(p, warmup, kind, protocol, folder, read)
         knobs = ", ".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
         missing = sum(not n.present for n in needed)
         documents = "every document" if t.n_samples == MAX_COUNT else f"at most {t.n_samples} documents each"
         work = (f"lm-eval tasks {', '.join(p.tasks)}, {documents}" if p.tasks else
-                f"{est.samples} samples per arm (batch {t.batch_size})")
+                f"{est.samples} samples per arm (batch {t.batch_size})"
+                + (f", latency timed at batch {t.latency_batch}" if t.latency_batch else ""))
         lines.append(f"trial {i}/{len(entries)}: {t.method}{f'[{knobs}]' if knobs else ''} on {t.teacher}, seed "
                      f"{t.seed}: {work}, {len(needed)} files ({missing} missing)")
         if paper := p.paper:
-            lines.append(f"  paper: {', '.join(f'{k} {v}' for k, v in paper.items() if k != 'source')} "
+            lines.append(f"  paper: {', '.join(f'{k} {v:g}' for k, v in paper.items() if k != 'source')} "
                          f"({paper['source']})")
         if p.tasks:  # scored, not sampled: its passes depend on the documents' choices, known only from the data
             lines.append("  passes and cost: not planned (lm-eval scores the model's log-likelihoods; nothing is "
                          "sampled)")
-        elif est.cost is None:
-            lines.append(f"  passes and cost: not planned (no measured cost for teacher {t.teacher} in {COSTS.name})")
+        elif est.cost is None and kind in known:
+            lines.append(f"  passes and cost: not planned (no measured cost for teacher {t.teacher} on {kind})")
+        if read:
+            lines.append(f"  reference draws: trial {first}'s, read from the cache (timed here, not drawn)")
         for a in () if p.tasks else est.arms:
+            upper = [f"batch {b} at batch {m}'s" for b, m in a.priced_at if m != b]
             lines.append(f"  {a.arm:<10} {_passes_text(a.passes)} per sample: {_hours(a.seconds)}"
-                         + (f" (no measured cost of {', '.join(a.unpriced)})" if a.unpriced else ""))
-        if p.method_cls.trains(p.config):
-            lines.append("  fit: trains (or builds pairs) before sampling; not priced")
+                         + (f" (no measured cost of {', '.join(a.unpriced)})" if a.unpriced else "")
+                         + (f" ({', '.join(upper)} per-sample cost, the largest measured below: an upper bound)"
+                            if upper and not a.unpriced else ""))
+        if est.data is not None:
+            what, n, seconds, key = est.data
+            shared = drawn.get(key)
+            lines.append(f"  fit: draws {n} teacher {what} first: " + (
+                f"shared with trial {shared}, priced there" if shared else _hours(seconds)) + "; the training on "
+                "them is not priced")
+            if not shared:
+                drawn[key] = i
+                total += seconds or 0.0
+                data_unpriced += seconds is None
+        elif p.method_cls.trains(p.config):
+            lines.append("  fit: trains before sampling; not priced")
         if p.tasks or est.seconds is None:
             unpriced += 1
         else:
             total += est.seconds
-            devices.add(f"{est.cost.device} ({est.cost.command})")
-            lines.append(f"  estimated: {_hours(est.seconds)} on {est.cost.device}")
-    lines += ["", f"total: {len(entries)} runs, {sum(not n for n in seen.values())} of {len(seen)} files missing, "
-              f"{_hours(total)} estimated for sampling" + (f" ({unpriced} runs not priced)" if unpriced else ""),
+            devices.update(est.devices)
+            lines.append(f"  estimated: {_hours(est.seconds)} on {kind}")
+    wall = f", {total / ranks / 3600:.3g} h of wall time on {ranks} ranks" if ranks > 1 else ""
+    lines.append("")
+    if shared := [p for p, _ in entries if not p.tasks and p.trial.latency_batch]:
+        lines.append(f"reference draws: {len(references)} drawn for {len(shared)} trials timed at a latency batch "
+                     f"(those under the same reference settings read the first one's from the cache)")
+    lines += [f"total: {len(entries)} runs, {sum(not n for n in seen.values())} of {len(seen)} files missing, "
+              f"{_hours(total)} estimated for sampling and the teacher samples fit draws, on {kind}{wall}"
+              + (f" ({unpriced} runs not priced)" if unpriced else "")
+              + (f" ({data_unpriced} trials' training data not priced)" if data_unpriced else ""),
               *(f"  per-pass costs measured on {d}" for d in sorted(devices)),
-              "  A cost is seconds per pass of one sample, measured at full size and batch 1 (random weights: the "
-              "cost does not depend on them), times passes times samples; batched sampling costs less per sample, "
-              "and speculative arms are priced at their bound."]
+              "  A cost is seconds per pass of one sample, measured at full size at a batch size (random weights: "
+              "the cost does not depend on them), times passes times samples; an arm is priced at its own batch size, "
+              "or at the largest measured batch below it (an upper bound: batching lowers the cost per sample), and "
+              "speculative arms at their bound."]
     return "\n".join(lines)

@@ -77,6 +77,15 @@ class Plan:
         """The name of the reference arm's sampler (the family's own sampler's registry name)."""
         return self.teacher_cls.family.sampler
 
+    def reference_draws(self) -> str:
+        """What the reference arm's samples are a function of, as JSON (a teacher-only trial's method arm is the same
+        draws): the teacher and its settings, the sampler's, the numerics, seed, sample count, batch and device kind.
+        Trials that agree draw the same samples, so the first draws them and the others read them (`bench.runner`;
+        the teacher's weights and the code version join the key where it runs)."""
+        t = self.trial
+        return json.dumps([t.teacher, dict(t.teacher_params), config_dict(self.sampling), t.dtype, t.tf32, t.compile,
+                           t.seed, t.n_samples, t.batch_size, self.device.type], sort_keys=True, default=str)
+
 
 def check_family(method: str, method_cls, teacher: str, teacher_cls) -> None:
     family = teacher_cls.family
@@ -114,6 +123,9 @@ def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None, tasks) 
             raise UserError(f"metric {m.spec!r} scores {m.cls.modality} samples; teacher {trial.teacher!r} "
                             f"generates {teacher_cls.modality}; valid metrics: {', '.join(valid)}")
         m.cls.check_teacher(trial.teacher, teacher_cls, m.extractor, checkpoints)
+        if trial.n_samples < m.cls.min_samples:
+            raise UserError(f"metric {m.spec!r} needs at least {m.cls.min_samples} samples per arm, got n_samples "
+                            f"{trial.n_samples}")
     owner = f"method {trial.method!r}"
     config_cls = method_cls.config_class(teacher_cls.family)
     clash = sorted(set(knobs(config_cls)) & RUN_FIELDS)
@@ -129,8 +141,9 @@ def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None, tasks) 
             teacher_cls.family.check(teacher_cls, method_cls.sampling_of(config))
         except ValueError as exc:
             raise UserError(f"{owner} on teacher {trial.teacher!r}: {exc}") from None
-    if refusal := method_cls.batch_refusal(teacher_cls, trial.batch_size):
-        raise UserError(f"method {trial.method!r}: {refusal}")
+    for batch in {trial.batch_size, trial.latency_batch or trial.batch_size}:
+        if refusal := method_cls.batch_refusal(teacher_cls, batch):
+            raise UserError(f"method {trial.method!r}: {refusal}")
     device = resolve_device(trial.device)
     if files.auditing():
         for path in getattr(teacher_cls, "files", tuple)():

@@ -3,7 +3,8 @@ metrics -> one MLflow run.
 
 The reference arm (the teacher's own sampler, its family's, with the method's `sampling` config) runs in the same
 process, on the same conditions and batch sizes, with its batches interleaved with the method's, so every speed-up
-is a ratio measured side by side under the same machine load.
+is a ratio measured side by side under the same machine load. Its draws are kept in the cache (`reference_key`):
+a later trial under the same reference settings timed under the latency protocol (`latency_batch`) reads them.
 
 `run_trial` samples and scores; `run_lambada` scores the model on lm-eval tasks instead (`accelbench lambada`, a
 suite's lm-eval rows, `metrics.lambada`); `execute` is the path they share: under the budgets, with training runs
@@ -14,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
+import math
 import statistics
 import tempfile
 from collections import Counter
@@ -30,13 +33,15 @@ from core.cache import Cache
 from core.config import config_dict
 from core.envinfo import environment_tags, git_sha
 from core.errors import UserError
-from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS,
-                         SPEEDUP_WALL, TRIAL)
+from core.names import (HEADLINE_TAG, KIND_TAG, KNOBS_TAG, LAMBADA, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_FLOPS,
+                         SPEEDUP_STEPS, SPEEDUP_WALL, TRIAL)
 from core.paper import paper_tags
 from core.rng import batch_seed
 from core.samples import Samples
-from core.spool import ArmSpool, Batch, TrialSpool, claim
+from core.spool import ArmSpool, Batch, TrialSpool, claim, shared_arm
+from core.latency import LatencyProtocol, cv_pct
 from core.timing import latency_stats, stopwatch
+from bench import cost
 from bench.plan import Plan, run_name
 from bench.tracking import NullTracker, RunLog, Tracker
 from core.training import progress_bars, threads, training_reports
@@ -52,12 +57,13 @@ class RunOptions:
     progress: bool = True
     time_budget: float = 0.0  # seconds a trial may take, teacher training included; 0 = no limit
     memory_budget: float = 0.0  # MB of resident memory the process may reach during a trial; 0 = no limit
+    latency: LatencyProtocol = LatencyProtocol()  # how a trial with a latency_batch times its arms
 
     def __post_init__(self):
         if self.warmup < 0 or self.threads < 1:
             raise UserError(f"--warmup must be >= 0 and --threads >= 1, got {self.warmup} and {self.threads}")
-        if self.time_budget < 0 or self.memory_budget < 0:
-            raise UserError(f"--time-budget and --memory-budget must be >= 0 (0 = no limit), got "
+        if not (0 <= self.time_budget < math.inf and 0 <= self.memory_budget < math.inf):  # NaN fails both
+            raise UserError(f"--time-budget and --memory-budget must be finite and >= 0 (0 = no limit), got "
                             f"{self.time_budget} and {self.memory_budget}")
 
 
@@ -79,18 +85,21 @@ def _batches(n: int, size: int) -> list[slice]:
 
 
 def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: RunOptions, device,
-                 spool: TrialSpool, world: distributed.World) -> tuple[dict[str, ArmResult] | None, dict[str, float]]:
-    """Draw the batches this rank owns (batch i: rank i mod world size) that the spool lacks, each arm's batches
-    interleaved and timed, each batch spooled as it is drawn; then, on rank 0, every batch of every arm read back.
-    Returns (the arms' results, or None on other ranks; the warm-up seconds per arm: with `compile`, compilation)."""
+                 spools: dict[str, ArmSpool], world: distributed.World
+                 ) -> tuple[dict[str, ArmResult] | None, dict[str, float]]:
+    """Draw the batches this rank owns (batch i: rank i mod world size) that an arm's spool lacks, each arm's
+    batches interleaved and timed, each batch spooled as it is drawn; then, on rank 0, every batch of every arm read
+    back. Returns (the arms' results, or None on other ranks; the warm-up seconds per arm: with `compile`,
+    compilation)."""
     batches = _batches(trial.n_samples, trial.batch_size)
-    spools = {name: spool.arm(name) for name in arms}
     todo = [i for i in range(world.rank, len(batches), world.size)
             if not all(spools[name].has(i) for name in arms)]
     warmup: dict[str, float] = {}
     if todo:
         warm = torch.Generator(device).manual_seed(trial.seed + 1_000_003)
         for name, method in arms.items():
+            if all(spools[name].has(i) for i in todo):  # read, not drawn (the reference arm's shared draws)
+                continue
             seconds: list[float] = []
             with stopwatch(device, seconds):
                 for _ in range(max(opts.warmup, trial.compile)):  # compilation never lands in a timed batch
@@ -116,8 +125,8 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
         r = results[name] = ArmResult(spools[name], [], [], [], Counter(), [])
         for i, sl in enumerate(batches):
             if not spools[name].has(i):
-                raise UserError(f"rank 0 cannot see batch {i} of arm {name!r} in {spool.folder}: every rank must "
-                                f"share the cache folder (--cache-dir on a file system all nodes mount)")
+                raise UserError(f"rank 0 cannot see batch {i} of arm {name!r} in {spools[name].folder}: every rank "
+                                f"must share the cache folder (--cache-dir on a file system all nodes mount)")
             b = spools[name].read(i)
             r.batch_seconds.append(b.seconds)
             r.batch_sizes.append(sl.stop - sl.start)
@@ -127,8 +136,20 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
     return results, warmup
 
 
+def _time_arms(arms: dict[str, Any], conds: torch.Tensor, t: Trial, protocol: LatencyProtocol,
+               device: torch.device) -> dict:
+    """The arms timed under the latency protocol at the trial's `latency_batch` (`bench.cost.time_calls`) on the
+    trial's first conditions; rank 0 alone (the other ranks have finished drawing)."""
+    batch = t.latency_batch
+    cond = conds[:batch]
+    if len(cond) < batch:  # fewer samples than the timed batch: the conditions repeat
+        cond = cond.repeat((batch + len(cond) - 1) // len(cond), *([1] * (cond.dim() - 1)))[:batch]
+    return cost.time_calls(arms, cond, t, protocol, device)
+
+
 def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:
     m = latency_stats(r.batch_seconds, r.batch_sizes, r.ranks)
+    m["sec_per_sample_cv_pct"] = cv_pct([s / b for s, b in zip(r.batch_seconds, r.batch_sizes)])
     m[NFE_PER_SAMPLE] = r.counters["nfe"] / n
     m["step_compression"] = sum(r.compression) / len(r.compression)
     if r.counters["drafts_verified"]:
@@ -258,15 +279,21 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
     trial's spooled samples (tags `resumed_from`: samples already drawn, `resumed_run`: the killed runs)."""
     world = distributed.world()
     tags = {**paper_tags(p.paper), **(tags or {})}
-    with claim(cache.root, p.trial, git_sha()) if world.main else contextlib.nullcontext() as spool:
+    # reference draws are shared between trials timed under the latency protocol anyway (`latency_batch`): for the
+    # others, side-by-side timing of both arms' quality batches costs less than the protocol's calls would
+    share = world.main and p.trial.latency_batch > 0
+    with claim(cache.root, p.trial, git_sha()) if world.main else contextlib.nullcontext() as spool, \
+            shared_arm(cache.root, reference_key(p)) if share else contextlib.nullcontext() as shared:
         if world.main:
             ended = [run_id for run_id, line in tracker.end_orphans(f"tags.trial_key = '{p.trial.key()}'",
                                                                     [tracker.experiment_id]) if "KILLED" in line]
             if ended:
                 tags["resumed_run"] = ",".join(ended)
-        # every rank writes into rank 0's spool
+        # every rank writes into rank 0's spools
         spool = TrialSpool(Path(world.broadcast(str(spool.folder) if world.main else None)))
-        metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts, spool), kind=TRIAL, name=run_name(p),
+        folder = world.broadcast(str(shared.folder) if world.main and shared is not None else None)
+        shared = ArmSpool(Path(folder)) if folder else None
+        metrics = execute(p, lambda ctx: _sample_and_score(ctx, opts, spool, shared), kind=TRIAL, name=run_name(p),
                           cache=cache, tracker=tracker, opts=opts, tags=tags, on_start=on_start)
         if world.main:  # logged: the spooled samples have served
             spool.remove()
@@ -296,39 +323,87 @@ def run_lambada(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = R
                                                      **(tags or {})})
 
 
-def _spooled(spool: TrialSpool, t: Trial, arms: list[str]) -> int:
-    """Samples every arm already holds in the spool (0 unless the trial resumes)."""
+def reference_key(p: Plan) -> str:
+    """The key of the reference arm's draws (`Plan.reference_draws`, with the teacher's weights and the code
+    version): the folder of the cache's shared arm spool (`core.spool.shared_arm`)."""
+    blob = json.dumps([p.reference_draws(), str(p.teacher_cls.key()), git_sha()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _spooled(spools: dict[str, ArmSpool], t: Trial) -> int:
+    """Samples every arm already holds in its spool (0 unless the trial resumes or reads another trial's draws)."""
     return sum(sl.stop - sl.start for i, sl in enumerate(_batches(t.n_samples, t.batch_size))
-               if all(spool.arm(a).has(i) for a in arms))
+               if all(s.has(i) for s in spools.values()))
 
 
-def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict[str, float]:
+def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool, shared: ArmSpool | None) -> dict[str, float]:
+    """Both arms drawn (or read), timed and scored. In a trial with a `latency_batch`, the reference arm's draws (a
+    teacher-only trial's method arm: the same) go to the cache's shared spool `shared` (None: not shared, or another
+    process holds it), which every such trial with the same `reference_key` reads instead of drawing again; the
+    draws' batch times are then another trial's, so every arm's wall figures come from the latency protocol run
+    here."""
     p, t, teacher, method, device = ctx.plan, ctx.plan.trial, ctx.teacher, ctx.method, ctx.device
     world = distributed.world()
-    arms = {"method": method, "ref": TeacherSampler(teacher, p.sampling),
+    # A teacher-only trial (the method is the teacher's own sampler: its reference arm has the same sampler, settings
+    # and seed) draws once; the reference arm's figures are those draws, not a second copy of them.
+    alone = isinstance(method, TeacherSampler)
+    arms = {"method": method, **({} if alone else {"ref": TeacherSampler(teacher, p.sampling)}),
             **method.extra_arms(cache=ctx.cache, device=device, checkpoints=p.checkpoints)}
     conds = teacher.conditions(t.n_samples, torch.Generator(device).manual_seed(t.seed)).to(device)
-    spooled = _spooled(spool, t, list(arms)) if world.main else 0
+    spools = {name: spool.arm(name) for name in arms}
+    reference = "method" if alone else "ref"
+    if shared is not None:
+        spools[reference] = shared
+    batches = range(len(_batches(t.n_samples, t.batch_size)))
+    read = world.broadcast(shared is not None and any(shared.has(i) for i in batches) if world.main else None)
+    spooled = _spooled(spools, t) if world.main else 0
     world.barrier()  # counted before any rank draws
     with precision.compiled(t.compile, *arms.values()):
-        results, warmup = _sample_arms(arms, conds, t, opts, device, spool, world)
+        results, warmup = _sample_arms(arms, conds, t, opts, device, spools, world)
+        # the latency protocol at the paper's timed batch, apart from the quality batches (rank 0, once the ranks drew)
+        timed = _time_arms(arms, conds, t, opts.latency, device) if results is not None and t.latency_batch else {}
     if results is None:  # not rank 0: its batches are in the spool
         return {}
+    if alone:
+        arms["ref"] = method
+        timed = {**timed, "ref": timed["method"]} if timed else {}
     metrics = {f"fit/{k}": v for k, v in ctx.fit_info.items()}
+    # FLOPs per sample of every arm, counted on one reference sample (`bench.cost.count_arms`): a speed-up no
+    # machine's load moves
+    ordered = {"ref": arms["ref"], **{k: v for k, v in arms.items() if k != "ref"}}
+    for name, a in cost.count_arms(p, teacher, ordered, device, "counted: one reference sample", reads=False).items():
+        prefix = "" if name == "method" else f"{name}/"
+        metrics.update({prefix + k: v for k, v in a.metrics().items() if k.startswith(("gflops", "gmacs"))})
     if t.compile:  # the warm-up calls compile; the timed batches do not include it
         metrics.update({("" if name == "method" else f"{name}/") + "compile_seconds": v for name, v in warmup.items()})
     scorers = [m.cls(teacher, cache=ctx.cache, device=device, checkpoints=p.checkpoints, extractor=m.extractor)
                for m in p.metrics if m.unavailable is None]
-    artifacts, hashes = {}, {}
+    artifacts, hashes, scored = {}, {}, {}
     for name, r in results.items():
-        prefix = "" if name == "method" else f"{name}/"
         arm = _arm_metrics(r, t.n_samples)
-        values, file_name, content, hashes[f"samples_sha256.{name}"] = _score_arm(
+        if read:  # the batch times of draws read from the shared spool are another trial's: the protocol's instead
+            arm = {k: v for k, v in arm.items() if not k.startswith(("sec_per_", "samples_per_sec"))}
+            arm[SEC_PER_SAMPLE] = timed[name].median / timed[name].batch
+        values, file_name, artifacts[file_name], hashes[f"samples_sha256.{name}"] = _score_arm(
             r, arms[name].teacher, scorers, t.metric_repeats, "samples" if name == "method" else f"{name}_samples")
-        metrics.update({prefix + k: v for k, v in {**arm, **values}.items()})
-        artifacts[file_name] = content
-    metrics[SPEEDUP_WALL] = metrics["ref/" + SEC_PER_SAMPLE] / metrics[SEC_PER_SAMPLE]
+        scored[name] = {**arm, **values}
+    if alone:
+        scored["ref"], hashes["samples_sha256.ref"] = scored["method"], hashes["samples_sha256.method"]
+    for name, values in scored.items():
+        metrics.update({("" if name == "method" else f"{name}/") + k: v for k, v in values.items()})
+    if timed:
+        for name, latency in timed.items():
+            metrics.update({("" if name == "method" else f"{name}/") + k: v for k, v in latency.metrics().items()})
+        metrics[SPEEDUP_WALL] = timed["ref"].median / timed["method"].median
+        cvs = [timed["method"].cv, timed["ref"].cv]
+    else:
+        metrics[SPEEDUP_WALL] = metrics["ref/" + SEC_PER_SAMPLE] / metrics[SEC_PER_SAMPLE]
+        cvs = [metrics["sec_per_sample_cv_pct"], metrics["ref/sec_per_sample_cv_pct"]]
+    # a speed-up between arms whose timings spread too widely to trust is flagged, not averaged away
+    metrics[SPEEDUP_WALL + "_noisy"] = float(max(cvs) > opts.latency.cv_bound)
     metrics[SPEEDUP_STEPS] = metrics["ref/" + NFE_PER_SAMPLE] / metrics[NFE_PER_SAMPLE]
+    if metrics.get("gflops_per_sample"):
+        metrics[SPEEDUP_FLOPS] = metrics["ref/gflops_per_sample"] / metrics["gflops_per_sample"]
     defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
     at_defaults = all(p.trial.params.get(k) == defaults.get(k) for k in p.method_cls.key_knobs)
     ctx.log.log(tags={
@@ -341,6 +416,7 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool) -> dict
            if k.startswith(m.cls.name + ".") and not k.endswith(SPREAD_SUFFIXES)},
         **{f"unavailable.{m.spec.replace('@', '.')}": m.unavailable for m in p.metrics if m.unavailable},
         **{f"caveat.{k}": v for k, v in method.caveats().items()},
-        **hashes, **({"resumed_from": str(spooled)} if spooled else {})})
+        **hashes, **({"resumed_from": str(spooled)} if spooled else {}),
+        **({"reference_draws": shared.folder.name, "reference_read": str(read).lower()} if shared else {})})
     ctx.log.log_files({**artifacts, "trial.yaml": t.to_yaml().encode()})
     return metrics

@@ -46,11 +46,11 @@ def _overridden(entry: dict[str, Any], overrides: dict[str, Any], used: set[str]
 
 
 def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, overrides: dict[str, Any] | None = None,
-               numerics: dict[str, Any] | None = None) -> Suite:
+               fields: dict[str, Any] | None = None) -> Suite:
     """Parse and validate every trial of the file before anything runs. `n_samples` replaces every trial's sample
     count, `overrides` sets knobs in every trial whose method has them (a quick pass over a paper suite, e.g. with
-    a few training steps) and `numerics` the trial fields dtype, tf32 and compile of every trial; the trial keys
-    change with them."""
+    a few training steps) and `fields` the trial fields device, dtype, tf32 and compile of every trial; the trial
+    keys change with them."""
     data = read_yaml_mapping(path, "suite file", SUITE_FIELDS)
     experiment = data.get("experiment")
     if not isinstance(experiment, str) or not experiment:
@@ -60,7 +60,7 @@ def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, ov
     entries = data.get("trials")
     if not isinstance(defaults, dict) or not isinstance(entries, list) or not entries:
         raise UserError(f"suite file {path}: 'defaults' must be a mapping and 'trials' a non-empty list")
-    plans, used = [], set()
+    plans, used, first = [], set(), {}
     if n_samples is not None and (isinstance(n_samples, bool) or n_samples <= 0):
         raise UserError(f"--n-samples must be a positive integer, got {n_samples}")
     for i, entry in enumerate(entries):
@@ -78,11 +78,15 @@ def load_suite(path: str, *, checkpoints: Path, n_samples: int | None = None, ov
             merged.pop("tasks", None)
             if n_samples is not None:
                 merged["n_samples"] = n_samples
-            merged.update(numerics or {})
+            merged.update(fields or {})
             try:
                 plans.append(plan(Trial.from_mapping(merged), checkpoints=checkpoints, paper=paper, tasks=tasks))
             except UserError as exc:
                 raise UserError(f"suite file {path}: trial {i}: {exc}") from None
+            # the same trial against another paper row is deliberate (SJD's Table 4 C and D); else it would run once
+            # and be reported as two rows, or a repeated seed
+            if (twin := first.setdefault((plans[-1].key(), repr(sorted(paper.items()))), i)) != i:
+                raise UserError(f"suite file {path}: trial {i} is trial {twin} again (the same trial key)")
     if unused := sorted(set(overrides or {}) - used):
         raise UserError(f"suite file {path}: --param {unused[0]} is a knob of none of its trials' methods")
     return Suite(experiment, tuple(plans))

@@ -7,6 +7,7 @@ tags let `accelbench doctor` find and mark it.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import socket
@@ -63,11 +64,34 @@ def check_reachable(url: str, what: str) -> None:
         raise UserError(f"cannot reach the {what} {shown}: {exc}") from None
 
 
+# MLflow's tracking stores (mlflow.tracking._tracking_service.utils): another scheme fails deep in MLflow, after work
+TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Fail fast, in one line naming the store: an unknown scheme, a SQLite store that is some other file, a server
+    that cannot be reached."""
+    scheme = urlsplit(uri).scheme.split("+")[0]
+    if scheme not in TRACKING_SCHEMES:
+        raise UserError(f"MLflow tracking store {uri}: unknown scheme {scheme!r}; use one of "
+                        f"{', '.join(s + '://' for s in TRACKING_SCHEMES if s)} or a folder")
+    if scheme == "sqlite" and uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        try:
+            head = path.read_bytes()[:16] if path.is_file() else SQLITE_HEADER
+        except OSError as exc:
+            raise UserError(f"MLflow tracking store {uri}: cannot read {path} ({exc.strerror})") from None
+        if head and head != SQLITE_HEADER:
+            raise UserError(f"MLflow tracking store {uri}: {path} is not a SQLite database")
+    check_reachable(uri, "MLflow tracking store")
+
+
 def runs_table_urls(uri: str, base: str) -> list[tuple[str, str]]:
     """(experiment, URL of its runs table in the MLflow UI at `base`) for every AccelBench experiment of the store.
     MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's last choice) says
     `workflowType=machine_learning`; the experiment's kind tag is what older UIs read."""
-    check_reachable(uri, "MLflow tracking store")
+    check_tracking_uri(uri)
     try:
         experiments = client(uri).search_experiments()
     except Exception as exc:
@@ -112,20 +136,36 @@ def artifact_location(uri: str) -> str | None:
 def client(uri: str):
     """An `MlflowClient` of the store at `uri`, with the INFO lines MLflow and alembic write to stderr while they make
     a new SQLite store's tables silenced (their warnings and errors still show). Set after importing mlflow, whose
-    logging configuration resets its child loggers' levels."""
+    logging configuration resets its child loggers' levels.
+
+    A SQLite store is opened (its tables made or migrated: MLflow runs alembic when it first opens a store) under a
+    lock file beside it: two processes opening a new store at once otherwise both migrate it and one fails
+    ("Online migration expected to match one row", "duplicate column name")."""
     import logging
 
     from mlflow.tracking import MlflowClient
 
     for name in ("mlflow.store", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    return MlflowClient(tracking_uri=uri)
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    lock = Path(f"{uri[len('sqlite:///'):]}.lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)  # as MLflow makes a new store's folder
+        fh = open(lock, "a")
+    except OSError as exc:
+        raise UserError(f"MLflow tracking store {uri}: cannot write in {lock.parent} ({exc.strerror})") from None
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released by the kernel if this process dies holding it
+        c = MlflowClient(tracking_uri=uri)
+        c.search_experiments(max_results=1)  # the store is opened (its tables made or migrated) by now
+    return c
 
 
 class Tracker:
     def __init__(self, uri: str, experiment: str):
         self.uri = uri
-        check_reachable(uri, "MLflow tracking store")
+        check_tracking_uri(uri)
         self.client = client(uri)
         self.experiment_id = self._experiment(experiment)
 

@@ -41,6 +41,7 @@ def _terminate(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub; fail at once instead of retrying
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed (a cost entry names it)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)

@@ -4,8 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 
 from cli import options
+
+LIST_WIDTH = 120  # `accelbench list` wraps at a word break within this many columns
 
 
 def cmd_report(args) -> int:
@@ -34,19 +37,24 @@ def cmd_list(args) -> int:
     from teachers import teacher_class
 
     def doc(obj) -> str:
-        return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+        """The docstring's first paragraph: its first line alone may end mid-sentence where the source wraps."""
+        return " ".join((obj.__doc__ or "").strip().split("\n\n")[0].split())
+
+    def entry(name: str, text: str) -> None:
+        print(textwrap.fill(text, LIST_WIDTH, initial_indent=f"  {name:<22} ", subsequent_indent=" " * 25,
+                            break_long_words=False, break_on_hyphens=False))
 
     print("teachers:")
     for name in TEACHERS.names():
         cls = teacher_class(name, args.checkpoints)
         missing = getattr(cls, "unavailable", lambda: None)()
         note = f" (unavailable: {missing})" if missing else ""
-        print(f"  {name:<22} [{cls.family}, {cls.modality}] {doc(cls)}{note}")
+        entry(name, f"[{cls.family}, {cls.modality}] {doc(cls)}{note}")
     for prefix in TEACHERS.prefixes():  # a family of names: its factory's documentation
-        print(f"  {prefix + '<folder>':<22} {doc(TEACHERS.get(prefix + '_'))}")
+        entry(prefix + "<folder>", doc(TEACHERS.get(prefix + "_")))
     print("methods (knobs with their defaults; every method also takes its family's sampling settings):")
     for name, cls in METHODS.items():
-        print(f"  {name:<22} families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")
+        entry(name, f"families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")
         own = {}
         for family in cls.families:
             config_cls = cls.config_class(family)
@@ -55,11 +63,11 @@ def cmd_list(args) -> int:
             defaults = config_dict(config_cls())
             own.update({k: defaults[k] for k, (_, group) in knobs(config_cls).items() if group is None})
         if own:
-            print(f"  {'':<22} knobs: {', '.join(f'{k}={v!r}' if v == '' else f'{k}={v}' for k, v in own.items())}")
+            entry("", f"knobs: {', '.join(f'{k}={v!r}' if v == '' else f'{k}={v}' for k, v in own.items())}")
     print("metrics:")
     for name, cls in METRICS.items():
         arrow = "higher is better" if cls.higher_is_better else "lower is better"
-        print(f"  {name:<22} ({cls.modality}, {arrow}) {doc(cls)}")
+        entry(name, f"({cls.modality}, {arrow}) {doc(cls)}")
     return 0
 
 

@@ -1,21 +1,24 @@
 """`accelbench sweep`, `worker`, `studies` and `dashboard`: Optuna studies of a spec, on one or many workers."""
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from cli import options
 from core.errors import UserError
 
 
 def _context(args, workers: int):
-    from bench.tracking import Tracker, tracking_uri
+    from bench.tracking import Tracker, check_reachable, tracking_uri
     from sweeps.spec import load_spec
     from sweeps.study import StorageOptions, default_storage
 
     spec = load_spec(args.spec, checkpoints=args.checkpoints, n_trials=args.n_trials)
     storage = StorageOptions(args.storage or default_storage(workers), args.heartbeat, args.grace)
     opts = options.run_options(args)
+    check_reachable(storage.url, "study storage")  # before the tracker makes the study's experiment
     tracker = Tracker(tracking_uri(args.tracking_uri), spec.experiment)
     return spec, storage, tracker, options.open_cache(args), opts
 
@@ -34,8 +37,23 @@ def cmd_sweep(args) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     spec, storage, tracker, cache, opts = _context(args, args.workers)
+    slurm = options.slurm_options(args, Path("results") / spec.experiment / "slurm")
+    if slurm is not None and slurm.nodes != 1:
+        raise UserError(f"a sweep worker is one process on one node: --nodes must be 1, got {slurm.nodes}")
     study = open_study(spec, make_storage(storage, tracker), tracker)  # one parent run, made before any worker
-    if args.workers == 1:
+    if slurm is not None:  # a job per worker, every path in its command line absolute
+        from bench.launch import absolute_store, submit_commands
+
+        shared = argparse.Namespace(**{**vars(args), "spec": str(Path(args.spec).absolute()),
+                                       "tracking_uri": absolute_store(tracker.uri), "cache_dir": str(cache.root)})
+        argv = _worker_argv(shared, absolute_store(storage.url))
+        failed = submit_commands(slurm, f"accelbench-{spec.study}",
+                                 [(f"worker {i}/{args.workers}", argv) for i in range(1, args.workers + 1)])
+        for line in failed:
+            print(f"accelbench: failed: {line}", file=sys.stderr)
+        if failed:
+            raise UserError(f"{len(failed)} of {args.workers} worker jobs failed (listed above)")
+    elif args.workers == 1:
         work(spec, storage, tracker, cache, opts, force=args.force)
     else:
         procs = [subprocess.Popen(_worker_argv(args, storage.url)) for _ in range(args.workers)]
@@ -103,7 +121,9 @@ def register(sub) -> None:
     sw = sub.add_parser("sweep", help="run an Optuna study from a spec, locally or with several workers")
     study_args(sw, "study storage: sqlite:///FILE, journal:FILE or postgresql://... (default sqlite:///optuna.db, "
                    "or journal:optuna.journal with --workers > 1)")
-    sw.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
+    sw.add_argument("--workers", type=int, default=1,
+                    help="worker processes on this machine, or worker jobs with --launcher slurm (default 1)")
+    options.launcher(sw, "a job per worker (--workers)")
     sw.set_defaults(func=cmd_sweep)
 
     wk = sub.add_parser("worker", help="join an existing study from any machine")

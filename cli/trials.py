@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from cli import options
 from core.errors import UserError
@@ -22,6 +21,7 @@ def _trial_from_args(args):
         raise UserError("run needs --teacher and --method (or a trial YAML file)")
     return Trial(teacher=args.teacher, method=args.method, params=options.parse_params(args.param),
                  metrics=tuple(args.metric), n_samples=args.n_samples, batch_size=args.batch_size,
+                 latency_batch=args.latency_batch,
                  seed=args.seed, device=args.device, metric_repeats=args.metric_repeats, dtype=args.dtype,
                  tf32=args.tf32 == "on", compile=args.compile,
                  teacher_params=options.parse_params(args.teacher_param, "--teacher-param"))
@@ -32,14 +32,52 @@ def _store_line(uri: str, args, experiment: str) -> str:
             + (f" --tracking-uri {uri}" if args.tracking_uri else ""))
 
 
-def _dry_run(title: str, load, warmup: int, checkpoints: Path) -> int:
-    """Plan with the files listed instead of refused, print the plan (`bench.dryrun`), touch nothing else."""
+def _dry_run(title: str, load, args, warmup: int) -> int:
+    """Plan with the files listed instead of refused, print the plan priced for `--device-kind` (`bench.dryrun`),
+    touch nothing else."""
+    import torch
+
     from bench import dryrun
     from core import files
 
+    if args.ranks < 1:
+        raise UserError(f"--ranks must be >= 1, got {args.ranks}")
     with files.audit():
         plans = load()
-    print(dryrun.report(title, checkpoints, [(p, list(p.needs)) for p in plans], warmup))
+    kind = args.device_kind or dryrun.device_kind(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    print(dryrun.report(title, args.checkpoints, [(p, list(p.needs)) for p in plans], warmup, kind, args.ranks,
+                        options.latency_protocol(args), args.costs or dryrun.COSTS))
+    return 0
+
+
+def _cost(load, args) -> int:
+    """The cost mode (`bench.cost`): every plan of `load()` -> (experiment, plans) at full size with random weights
+    (planned with its files listed, not required), one cost run each, then COST.md, printed."""
+    import shlex
+
+    from bench.cost import Record, run_cost
+    from bench.dryrun import COSTS
+    from bench.plan import run_name
+    from bench.tracking import Tracker, tracking_uri
+    from core import files
+    from reports.report import write_cost_report
+
+    with files.audit():
+        experiment, plans = load()
+    protocol, uri = options.latency_protocol(args), tracking_uri(args.tracking_uri)
+    cache, out = options.open_cache(args), options.report_dir(args, experiment)
+    tracker = Tracker(uri, experiment)
+    record = Record(args.costs or COSTS, shlex.join(["accelbench", *args.argv])) if args.record else None
+    if record is not None and args.latency is False:
+        raise UserError("--record writes what --latency times: drop --no-latency")
+    for i, p in enumerate(plans, 1):
+        timed = args.latency if args.latency is not None else record is not None or p.device.type == "cuda"
+        print(f"cost {i}/{len(plans)}: {run_name(p)}" + (" (timed)" if timed else ""), file=sys.stderr, flush=True)
+        run_cost(p, cache=cache, tracker=tracker, latency=protocol if timed else None, threads=args.threads,
+                 record=record)
+    path = write_cost_report(uri, experiment, out)
+    print(path.read_text())
+    print(f"cost table: {path}\n" + _store_line(uri, args, experiment))
     return 0
 
 
@@ -51,7 +89,9 @@ def cmd_run(args) -> int:
 
     if args.dry_run:
         return _dry_run("dry run of one trial", lambda: [plan(_trial_from_args(args), checkpoints=args.checkpoints)],
-                        args.warmup, args.checkpoints)
+                        args, args.warmup)
+    if args.cost:
+        return _cost(lambda: (args.experiment, [plan(_trial_from_args(args), checkpoints=args.checkpoints)]), args)
     # validate everything before touching the store or building anything
     p = plan(_trial_from_args(args), checkpoints=args.checkpoints)
     opts = options.run_options(args)
@@ -103,23 +143,47 @@ def cmd_suite(args) -> int:
     if args.dry_run:
         def load():
             return load_suite(args.file, checkpoints=args.checkpoints, n_samples=args.n_samples, overrides=overrides,
-                              numerics=options.numerics(args)).plans
+                              fields=options.suite_fields(args)).plans
 
-        return _dry_run(f"dry run of suite {args.file}", load, args.warmup, args.checkpoints)
+        return _dry_run(f"dry run of suite {args.file}", load, args, args.warmup)
+    if args.cost:
+        if args.launcher == "slurm":
+            raise UserError("--cost runs on this machine: drop --launcher slurm")
+
+        def load_suite_plans():
+            s = load_suite(args.file, checkpoints=args.checkpoints, n_samples=args.n_samples, overrides=overrides,
+                           fields=options.suite_fields(args))
+            return s.experiment, s.plans
+
+        return _cost(load_suite_plans, args)
     suite = load_suite(args.file, checkpoints=args.checkpoints, n_samples=args.n_samples, overrides=overrides,
-                       numerics=options.numerics(args))  # planned before anything runs
+                       fields=options.suite_fields(args))  # planned before anything runs
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     cache, out = options.open_cache(args), options.report_dir(args, suite.experiment)
-    world = distributed.init("auto")
-    tracker = Tracker(uri, suite.experiment) if world.main else NullTracker()
-    ran, skipped = run_suite(suite, tracker=tracker, cache=cache, opts=opts, force=args.force)
-    if not world.main:  # rank 0 reports
-        return 0
-    print(f"suite {suite.experiment}: ran {ran} trials, {skipped} already finished in the store")
+    slurm = options.slurm_options(args, out / "slurm")
+    if slurm is None:
+        world = distributed.init(args.device or "auto")
+        tracker = Tracker(uri, suite.experiment) if world.main else NullTracker()
+        ran, skipped = run_suite(suite, tracker=tracker, cache=cache, opts=opts, force=args.force)
+        if not world.main:  # rank 0 reports
+            return 0
+        failed, where = [], ""
+    else:  # a job per trial; the report once they have all ended
+        from bench.launch import submit_suite
+
+        ran, skipped, failed = submit_suite(suite, tracker=Tracker(uri, suite.experiment), cache=cache, opts=opts,
+                                            slurm=slurm, force=args.force)
+        where = f" as Slurm jobs ({len(failed)} failed)"
+    print(f"suite {suite.experiment}: ran {ran} trials{where}, {skipped} already finished in the store")
+    for line in failed:
+        print(f"accelbench: failed: {line}", file=sys.stderr)
     path = write_report(uri, suite.experiment, out)
     print(f"report: {path}")
     print(_store_line(uri, args, suite.experiment))
-    return 0
+    if failed:
+        print("accelbench: the same command again runs the failed trials, each resuming from the samples it drew",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_lambada(args) -> int:
@@ -142,7 +206,7 @@ def cmd_lambada(args) -> int:
                      checkpoints=args.checkpoints, tasks=tasks)]
 
     if args.dry_run:
-        return _dry_run("dry run of lm-eval tasks", load, 0, args.checkpoints)
+        return _dry_run("dry run of lm-eval tasks", load, args, 0)
     p, = load()
     opts, uri = options.run_options(args), tracking_uri(args.tracking_uri)
     metrics = run_lambada(p, cache=options.open_cache(args), tracker=Tracker(uri, args.experiment), opts=opts)
@@ -171,10 +235,15 @@ def register(sub) -> None:
                    help="seeds over which stochastic metrics (KID, IS) are repeated: mean and .seed_std (default 1)")
     r.add_argument("--n-samples", type=int, default=64, help="samples per arm (default 64)")
     r.add_argument("--batch-size", type=int, default=1, help="samples per sampler call (default 1)")
+    r.add_argument("--latency-batch", type=int, default=0, metavar="N",
+                   help="time the arms under the latency protocol at this batch, apart from the quality batches, "
+                        "for speedup_wall (a paper's timed batch; default 0: the quality batches are timed)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     options.numerics_options(r, default=True)
     options.dry_run(r)
+    options.cost(r)
+    r.add_argument("--out", help="with --cost: where COST.md goes (default results/<experiment>)")
     options.execution(r, experiment=True)
     r.set_defaults(func=cmd_run)
 
@@ -187,9 +256,13 @@ def register(sub) -> None:
     su.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="set a knob in every trial whose method has it (e.g. train_steps=10 for a quick pass); "
                          "repeatable")
+    su.add_argument("--device", help="every trial's device: auto, cpu, cuda or cuda:N (default: each trial's own, "
+                                     "auto unless the file sets one; a trial's key includes it)")
     options.numerics_options(su, default=False)
     options.dry_run(su)
+    options.cost(su)
     options.execution(su)
+    options.launcher(su, "a job per trial without a finished run")
     su.set_defaults(func=cmd_suite)
 
     lb = sub.add_parser("lambada", help="LAMBADA and lm-eval's multiple-choice tasks (local data) for a text model")

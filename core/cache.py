@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from core.errors import UserError
+
 DEFAULT_ROOT = Path(os.environ.get("ACCELBENCH_CACHE", Path.home() / ".cache" / "accelbench"))
 MAGIC = b"ACCELBENCH-CACHE/1\n"
 ZOO_ENV = "ACCELBENCH_ZOO"  # the model zoo's folder; "off": none (every entry is built)
@@ -119,7 +121,12 @@ class ModelZoo:
     def default(cls) -> "ModelZoo | None":
         """The zoo named by ACCELBENCH_ZOO, else the project's own; None when it is "off"."""
         setting = os.environ.get(ZOO_ENV, "")
-        return None if setting == "off" else cls(setting or PROJECT_ZOO)
+        if setting == "off":
+            return None
+        if setting and not (Path(setting) / "manifest.json").is_file():  # else every entry would silently be built
+            raise UserError(f"{ZOO_ENV}={setting}: no model zoo there (no manifest.json); unset it for the project's "
+                            f"own zoo, or set it to 'off' to build every entry")
+        return cls(setting or PROJECT_ZOO)
 
     def entry_bytes(self, kind: str, key: str) -> bytes | None:
         """The decompressed entry, checked against the manifest; None when the zoo has no such entry."""

@@ -21,9 +21,23 @@ def read_yaml_mapping(path: str, what: str, fields: set[str] | None = None) -> d
     """Load a YAML file that must hold a mapping (of only `fields`, when given); every error names the file."""
     import yaml  # here, not at the top: the GPU check runs the methods with torch and pure-Python wheels alone
 
+    class Loader(yaml.SafeLoader):
+        """PyYAML keeps the last of a key given twice; a file that sets a knob twice is a mistake to point at."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: later keys override it, by design
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise UserError(f"{what} {path}: key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
     try:
         with open(path) as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=Loader)
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -46,6 +60,10 @@ def writable_dir(path: str | os.PathLike, what: str) -> Path:
     import tempfile
 
     path = Path(path).expanduser().absolute()
+    try:
+        path.resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop: `exists` says False and mkdir would fail on ELOOP
+        raise UserError(f"{what} {path}: {exc}") from None
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"{what} {path}: cannot create it ({existing} is not a folder)")
@@ -62,6 +80,8 @@ def check_seeds(seeds, where: str) -> tuple[int, ...]:
     if not isinstance(seeds, list) or not seeds or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
         raise UserError(f"{where}: 'seeds' must be a non-empty list of non-negative integers, got {seeds!r}")
+    if len(set(seeds)) < len(seeds):  # a repeated seed reruns the same trial and reports it as one more seed
+        raise UserError(f"{where}: 'seeds' repeats a seed: {seeds!r}")
     return tuple(seeds)
 
 

@@ -71,6 +71,13 @@ class World:
 _WORLD = World()
 
 
+def get_or_build(cache: Cache, kind: str, key: str | None, build: Callable[[], Any], *,
+                 together: bool) -> tuple[Any, bool]:
+    """A method's trained object: built by every rank at once when `together` (its `ddp`: `build_together`), else
+    by this process (`Cache.get_or_build`; in a torchrun trial, rank 0 while the others wait)."""
+    return build_together(cache, kind, key, build) if together else cache.get_or_build(kind, key, build)
+
+
 def build_together(cache: Cache, kind: str, key: str | None, build: Callable[[], Any]) -> tuple[Any, bool]:
     """`Cache.get_or_build` for an object every rank builds together (a student trained with DDP): rank 0 looks in
     the cache and tells the others; if it has no entry every rank builds and rank 0 writes it. Returns (object,

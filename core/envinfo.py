@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from core import files
 from core.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,8 @@ def cpu_model() -> str:
 
 
 def resolve_device(name: str) -> torch.device:
-    """The device a trial runs on; `UserError` for a string that names no device this machine has."""
+    """The device a trial runs on; `UserError` for a string that names no device this machine has (in a dry run's
+    audit, `core.files`, any CUDA device: a plan for a cluster is made anywhere)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -48,6 +50,8 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError:
         raise UserError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
+        if files.auditing():
+            return device
         if not torch.cuda.is_available():
             raise UserError(f"device {name!r}: this machine has no CUDA device (torch.cuda.is_available() is False); "
                             f"use cpu or auto")

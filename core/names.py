@@ -11,8 +11,9 @@ NFE_PER_SAMPLE = "nfe_per_sample"
 # the method against the reference arm
 SPEEDUP_WALL = "speedup_wall"
 SPEEDUP_STEPS = "speedup_steps"
+SPEEDUP_FLOPS = "speedup_flops"  # the reference arm's FLOPs per sample over the method's (`bench.cost`)
 
 KIND_TAG = "accelbench.kind"  # what a run is: one of the kinds below
-TRIAL, STUDY, TRAINING, LAMBADA = "trial", "study", "training", "lambada"
+TRIAL, STUDY, TRAINING, LAMBADA, COST = "trial", "study", "training", "lambada", "cost"
 KNOBS_TAG = "accelbench.knobs"  # the trial's knobs, comma-separated, logged as params under their own names
 HEADLINE_TAG = "accelbench.headline"  # "true" on a paper method's run at its default key knobs

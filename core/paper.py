@@ -20,6 +20,10 @@ from core.names import NFE_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
 # Paper keys of the report's speed columns -> the run metric each is compared with.
 SPEED_KEYS = {"nfe": NFE_PER_SAMPLE, "speedup_wall": SPEEDUP_WALL, "speedup_steps": SPEEDUP_STEPS,
               "acceptance_rate": "acceptance_rate", "step_compression": "step_compression"}
+# Paper keys of the cost mode's columns (`bench.cost`) -> its run metric: parameters (a count), GFLOPs per sample in
+# the papers' convention (a multiply-add counted once: DiT's 118.6, ARD Table 1; compared with our GMACs) and seconds
+# per sample (DD Table 1's "Time"; ARD Table 1's latency in ms / 1000).
+COST_KEYS = {"params": "params", "gflops": "gmacs_per_sample", "latency": "latency_per_sample_median"}
 TAG_PREFIX = "paper."
 
 
@@ -40,8 +44,8 @@ def check_paper(data: Any, where: str, keys: Collection[str] | None = None) -> d
             continue
         if keys is not None and key not in keys:
             raise UserError(f"{where}: unknown paper key {key!r}; valid: source, {', '.join(keys)}")
-        if keys is None and key.split(".")[0] not in names and key not in SPEED_KEYS:
-            valid = ", ".join(sorted(names | set(SPEED_KEYS)))
+        if keys is None and key.split(".")[0] not in names and key not in SPEED_KEYS and key not in COST_KEYS:
+            valid = ", ".join(sorted(names | set(SPEED_KEYS) | set(COST_KEYS)))
             raise UserError(f"{where}: unknown paper key {key!r}; valid: source, {valid} (or a full metric key)")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise UserError(f"{where}: paper {key} must be a finite number, got {value!r}")

@@ -127,6 +127,30 @@ def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+ARMS_DIR = ".arms"
+
+
+@contextlib.contextmanager
+def shared_arm(root: Path, key: str) -> Iterator[ArmSpool | None]:
+    """The spool of an arm whose samples are a function of `key` alone (`bench.runner.reference_key`: the teacher, its
+    sampler and settings, seed, sample count, code version, ...), kept under `<cache root>/.arms/<key>/` after the
+    trial, so that every later trial needing the same draws reads them instead of drawing them again (delete the
+    folder to reclaim the space). Held by this process (an exclusive lock) while the block runs; None when another
+    live process holds it, drawing these samples now: the caller draws its own."""
+    base = root / ARMS_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / f"{key}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        try:
+            yield ArmSpool(base / key)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text())

@@ -35,6 +35,9 @@ class Trial:
     # Settings of the teacher beyond its name (`LocalFilesTeacher.params`: a prompt file, a decoding mode), e.g.
     # {prompts: PartiPrompts.tsv}; files are resolved against the checkpoints folder.
     teacher_params: Mapping[str, Any] = field(default_factory=dict)
+    # The batch the latency protocol times at (`core.latency`), apart from the quality batch: the batch a paper
+    # timed at. 0: `speedup_wall` from the timed quality batches themselves.
+    latency_batch: int = 0
 
     def __post_init__(self):
         for name in ("n_samples", "batch_size", "metric_repeats"):
@@ -43,6 +46,10 @@ class Trial:
                 raise UserError(f"trial: {name} must be a positive integer, got {value!r}")
             if value > MAX_COUNT:
                 raise UserError(f"trial: {name} must be at most 2**31 - 1 = {MAX_COUNT}, got {value}")
+        if not isinstance(self.latency_batch, int) or isinstance(self.latency_batch, bool) or \
+                not 0 <= self.latency_batch <= MAX_COUNT:
+            raise UserError(f"trial: latency_batch must be an integer from 0 (time the quality batches) to "
+                            f"{MAX_COUNT}, got {self.latency_batch!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise UserError(f"trial: seed must be a non-negative integer, got {self.seed!r}")
         if self.seed > MAX_SEED:
@@ -64,6 +71,8 @@ class Trial:
             d["teacher_params"] = dict(sorted(self.teacher_params.items()))
         else:  # so that a trial setting none keeps the key it had before teachers took settings
             del d["teacher_params"]
+        if not self.latency_batch:  # likewise before the latency protocol
+            del d["latency_batch"]
         return d
 
     def key(self) -> str:

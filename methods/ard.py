@@ -34,6 +34,7 @@ from core.config import config_dict
 from core.errors import UserError
 from core.rng import seeded
 from core.samples import Samples
+from core.shards import Field, Shards
 from core.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
@@ -115,40 +116,55 @@ def time_labels(knots: str, K: int, S: int) -> list[float]:
     return [float(ts[j]) for j in knot_states(knots, K, S)[:-1]]
 
 
-@dataclass
+SHARD = 500  # trajectories per shard file and per DDIM call: 209 MB of float16 at DiT-XL/2's K = 25 (4x32x32 latents)
+
+
 class Trajectories:
-    cond: torch.Tensor  # (n, 1)
-    states: torch.Tensor  # (n, K+1, C, H, W) float16
-    x0_preds: torch.Tensor  # (n, K, C, H, W) float16
+    """n DDIM trajectories of the teacher on disk (`core.shards`): each one's class, its K + 1 states and its K
+    x0-predictions (float16), read a batch at a time, so that `fit` needs memory for a batch however many there are
+    (the paper's 2.56 M trajectories are ~1 TB)."""
 
-    def pairs(self, knots: list[int], target: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Student inputs and targets (n, S, C, H, W): input 0 is the noise, input k the knot's x0-prediction or
-        state, target k the next input, the last target the teacher's sample."""
-        inner = self.x0_preds if target == "x0hat" else self.states
-        mids = inner[:, knots[1:-1]].float()
-        inputs = torch.cat([self.states[:, :1].float(), mids], 1)
-        return inputs, torch.cat([mids, self.states[:, -1:].float()], 1)
+    def __init__(self, shards: Shards):
+        self.shards, self.n = shards, shards.n
+
+    def pairs(self, idx: torch.Tensor, knots: list[int], target: str) -> tuple[torch.Tensor, ...]:
+        """Student inputs and targets (len(idx), S, C, H, W) of trajectories `idx`, and their classes (len(idx),):
+        input 0 is the noise, input k the knot's x0-prediction or state, target k the next input, the last target
+        the teacher's sample. Only the knots' rows are read."""
+        mids = self.shards.read("x0_preds" if target == "x0hat" else "states", idx, knots[1:-1]).float()
+        ends = self.shards.read("states", idx, [knots[0], knots[-1]]).float()  # the noise and the teacher's sample
+        return (torch.cat([ends[:, :1], mids], 1), torch.cat([mids, ends[:, 1:]], 1),
+                self.shards.read("cond", idx)[:, 0])
+
+    def all_pairs(self, knots: list[int], target: str) -> tuple[torch.Tensor, ...]:
+        return self.pairs(torch.arange(self.n), knots, target)
 
 
-def generate_trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed: int, *,
-                          cache: Cache) -> Trajectories:
-    """n DDIM trajectories of the teacher on balanced classes, computed on the teacher's device and kept on the CPU
-    in float16 (cached)."""
-    def build():
-        device = teacher.network.pos_embed.device
-        g = torch.Generator(device).manual_seed(seed)
-        cond = (torch.arange(n, device=device) % teacher.n_classes)[:, None]  # balanced classes
-        x_T = torch.randn(n, *teacher.image_shape, generator=g, device=device)
-        states, preds = [], []
-        for sl in range(0, n, 500):
-            c = cond[sl : sl + 500]
-            tr = ode_diffusion.ddim(lambda x, t: teacher.eps(x, t, c, cfg=s.cfg), x_T[sl : sl + 500], s.steps)
-            states.append(tr.states.transpose(0, 1).half().cpu())
-            preds.append(tr.x0_preds.transpose(0, 1).half().cpu())
-        return {"cond": cond.cpu(), "states": torch.cat(states), "x0_preds": torch.cat(preds)}
-
-    blob, _ = cache.get_or_build("ard-trajectories", keyed(teacher, dataclasses.asdict(s), n, seed), build)
-    return Trajectories(**blob)
+def trajectories(teacher, s: ode_diffusion.SamplingConfig, n: int, seed: int, *, cache: Cache,
+                 world: distributed.World = distributed.World()) -> Trajectories:
+    """n DDIM trajectories of the teacher on balanced classes, cached by (teacher, sampler, n, seed) as shards
+    written as they are made (a killed generation resumes at its first missing shard), shard j by rank j mod N of
+    `world`."""
+    shards = Shards.in_cache(cache.root, "ard-trajectories", keyed(teacher, dataclasses.asdict(s), n, seed),
+                             {"cond": Field((1,), torch.int64),
+                              "states": Field((s.steps + 1, *teacher.image_shape), torch.float16),
+                              "x0_preds": Field((s.steps, *teacher.image_shape), torch.float16)}, n, SHARD)
+    device = teacher.network.pos_embed.device
+    g = torch.Generator(device).manual_seed(seed)
+    for j, (start, stop) in enumerate(shards.ranges()):
+        # one noise stream, drawn in full by every rank: the trajectories do not depend on the ranks (nor, on the
+        # CPU, on the shard size: the earlier one-call draw of all n gave the same noise)
+        x_T = torch.randn(stop - start, *teacher.image_shape, generator=g, device=device)
+        if j % world.size != world.rank or shards.has(j):
+            continue
+        cond = (torch.arange(start, stop, device=device) % teacher.n_classes)[:, None]  # balanced classes
+        tr = ode_diffusion.ddim(lambda x, t: teacher.eps(x, t, cond, cfg=s.cfg), x_T, s.steps)
+        shards.write(j, {"cond": cond.cpu(), "states": tr.states.transpose(0, 1).half(),
+                         "x0_preds": tr.x0_preds.transpose(0, 1).half()})
+    world.barrier()
+    if shards.missing():
+        raise RuntimeError(f"{shards.folder}: shards {shards.missing()[:5]} are missing after generation")
+    return Trajectories(shards)
 
 
 class ARD(Method):
@@ -191,23 +207,29 @@ class ARD(Method):
         if c.knots == "released":
             knobs["released_knots_version"] = RELEASED_KNOTS_VERSION
         key = keyed(self.teacher, knobs, STUDENT_VERSION)
-        if c.ddp:  # every rank trains; rank 0 writes the entry
-            blob, cached = distributed.build_together(cache, "ard-students", key, lambda: self._train(cache))
-        else:
-            blob, cached = cache.get_or_build("ard-students", key, lambda: self._train(cache))
-        held = generate_trajectories(self.teacher, c.sampling, HELD_OUT, c.train_seed + 1, cache=cache)
+        blob, cached = distributed.get_or_build(cache, "ard-students", key, lambda: self._train(cache), together=c.ddp)
+        held = trajectories(self.teacher, c.sampling, HELD_OUT, c.train_seed + 1, cache=cache)
+        inputs, targets, y = held.all_pairs(self.knots, c.target)
         self.student = self._new_student()
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
         device = self.teacher.network.pos_embed.device
+        inputs, targets, y = inputs.to(device), targets.to(device), y.to(device)
         with torch.inference_mode():
-            inputs, targets = (t.to(device) for t in held.pairs(self.knots, c.target))
-            y = held.cond[:, 0].to(device)
             free = self.student.rollout(inputs[:, 0], y)[:, -1]
             forced = self.student(inputs, y)  # with the teacher's history: Fig. 6b's other end
         return {**{k: float(v) for k, v in blob["info"].items()},
                 "student_cached": float(cached), "coupling_mse": F.mse_loss(free, targets[:, -1]).item(),
                 "teacher_forced_mse": F.mse_loss(forced, targets).item(), **self._flops()}
+
+    @classmethod
+    def generates(cls, config: ARDConfig, family, length: int) -> tuple[str, int, Passes]:
+        """The teacher's trajectories: `n_traj` for training and the held-out ones, each a run of its sampler."""
+        return "trajectories", config.n_traj + HELD_OUT, Passes(family.passes(config.sampling, length))
+
+    def stand_in(self) -> None:
+        with seeded(0), torch.device(next(self.teacher.network.parameters()).device):
+            self.student = self._new_student().eval().requires_grad_(False)
 
     @classmethod
     def trains_on_every_rank(cls, config: ARDConfig) -> bool:
@@ -220,11 +242,13 @@ class ARD(Method):
         world = distributed.world() if c.ddp else distributed.World()
         if c.batch % world.size:
             raise UserError(f"ard: batch {c.batch} (the global batch) must divide over the {world.size} ranks")
-        trajs = generate_trajectories(self.teacher, c.sampling, c.n_traj, c.train_seed, cache=cache)
-        traj_seconds = time.perf_counter() - t0
-        device = self.teacher.network.pos_embed.device
-        inputs, targets = (t.to(device) for t in trajs.pairs(self.knots, c.target))
-        y = trajs.cond[:, 0].to(device)
+        trajs = trajectories(self.teacher, c.sampling, c.n_traj, c.train_seed, cache=cache, world=world)
+        traj_seconds, device = time.perf_counter() - t0, self.teacher.network.pos_embed.device
+
+        def batch(idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            """Inputs, targets and classes of trajectories `idx`, read from disk onto the teacher's device."""
+            return tuple(t.to(device) for t in trajs.pairs(idx.cpu(), self.knots, c.target))
+
         g = torch.Generator(device).manual_seed(c.train_seed)
         with seeded(c.train_seed):
             student = self._new_student()
@@ -234,15 +258,16 @@ class ARD(Method):
         sched = warmup_cosine(opt, c.train_steps)
         net = world.data_parallel(student)
         for k in range(c.train_steps):
-            idx = torch.randint(len(inputs), (c.batch,), generator=g, device=device)[world.rank :: world.size]
-            loss = F.mse_loss(net(inputs[idx], y[idx]), targets[idx])  # Eq. 6, averaged over the S steps
+            inputs, targets, y = batch(torch.randint(trajs.n, (c.batch,), generator=g, device=device)
+                                       [world.rank :: world.size])
+            loss = F.mse_loss(net(inputs, y), targets)  # Eq. 6, averaged over the S steps
             optimizer_step(loss, opt, sched, student.parameters())
             ema_update(ema, student, c.ema, k)
         info = {"trajectory_seconds": traj_seconds, "train_loss": loss.item(),
                 "n_params": sum(p.numel() for p in student.parameters())}
         if c.gan_steps:
             real, labels = self.teacher.real_images("train")
-            info |= finetune(student, self.teacher.network, inputs, targets, y, real.to(device), labels.to(device),
+            info |= finetune(student, self.teacher.network, trajs.n, batch, real.to(device), labels.to(device),
                              steps=c.gan_steps, batch=c.batch, lr=c.lr, disc_lr=c.disc_lr, scale=c.gan_weight,
                              warmup=c.gan_warmup, generator=g, seed=c.train_seed,
                              on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))

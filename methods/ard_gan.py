@@ -10,6 +10,8 @@ Which noise level the teacher sees the images at is not released; here it reads 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -49,12 +51,13 @@ def adaptive_weight(loss_r: torch.Tensor, loss_g: torch.Tensor, last: torch.Tens
     return (g_r.norm() / (g_g.norm() + 1e-4)).clamp(0, 1e4).detach() * scale
 
 
-def finetune(student, teacher: DiTNetwork, inputs, targets, y, real, real_y, *, steps: int, batch: int, lr: float,
-             disc_lr: float, scale: float, warmup: int, generator: torch.Generator, seed: int,
-             on_step=None) -> dict[str, float]:
-    """R+D: `steps` generator/discriminator steps on the trajectories (inputs/targets (n, S, C, H, W), classes y)
-    and real images `real` (m, C, H, W) in [-1, 1] of classes real_y, all on the teacher's device, as `generator`.
-    `on_step(k)` runs after each student step."""
+def finetune(student, teacher: DiTNetwork, n: int, pairs: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], real,
+             real_y, *, steps: int, batch: int, lr: float, disc_lr: float, scale: float, warmup: int,
+             generator: torch.Generator, seed: int, on_step=None) -> dict[str, float]:
+    """R+D: `steps` generator/discriminator steps on the n trajectories (`pairs(idx)`: inputs and targets
+    (len(idx), S, C, H, W) and classes of trajectories idx, on the teacher's device) and real images `real`
+    (m, C, H, W) in [-1, 1] of classes real_y, on the teacher's device, as `generator`. `on_step(k)` runs after each
+    student step."""
     with seeded(seed):  # the heads' init and spectral norm's start vectors draw from the global generators
         disc = Discriminator(teacher)
     device = real.device
@@ -62,10 +65,10 @@ def finetune(student, teacher: DiTNetwork, inputs, targets, y, real, real_y, *, 
     opt_d = torch.optim.AdamW(disc.heads.parameters(), lr=disc_lr, weight_decay=0.0)
     last = student.heads[-1].linear.weight
     for k in range(steps):
-        idx = torch.randint(len(inputs), (batch,), generator=generator, device=device)
-        pred = student(inputs[idx], y[idx])
-        loss_r = F.mse_loss(pred, targets[idx])
-        loss_g = -disc(pred[:, -1], y[idx]).mean()
+        inputs, targets, y = pairs(torch.randint(n, (batch,), generator=generator, device=device))
+        pred = student(inputs, y)
+        loss_r = F.mse_loss(pred, targets)
+        loss_g = -disc(pred[:, -1], y).mean()
         w = adaptive_weight(loss_r, loss_g, last, scale) if k >= warmup else torch.zeros(())
         opt_g.zero_grad(set_to_none=True)
         (loss_r + w * loss_g).backward()
@@ -75,7 +78,7 @@ def finetune(student, teacher: DiTNetwork, inputs, targets, y, real, real_y, *, 
             on_step(k)
         real_idx = torch.randint(len(real), (batch,), generator=generator, device=device)
         loss_d = (F.relu(1 - disc(real[real_idx], real_y[real_idx])).mean()  # hinge loss
-                  + F.relu(1 + disc(pred[:, -1].detach(), y[idx])).mean())
+                  + F.relu(1 + disc(pred[:, -1].detach(), y)).mean())
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         opt_d.step()

@@ -64,6 +64,12 @@ class Method:
         raise NotImplementedError(f"{cls.__name__} does not declare its passes")
 
     @classmethod
+    def generates(cls, config: Any, family: Family, length: int) -> tuple[str, int, Passes] | None:
+        """The teacher samples `fit` draws as training data before it trains (ARD's trajectories, DD's pairs), for a
+        dry run to price: (what they are, how many, the passes of each), or None when it draws none."""
+        return None
+
+    @classmethod
     def batch_refusal(cls, teacher_cls: type, batch_size: int) -> str | None:
         """Why this method cannot sample batches of `batch_size` on a teacher of this class, in one line naming the
         batch size to use, or None (SJD and Jacobi need a teacher with a ragged cache above batch size 1)."""
@@ -104,6 +110,11 @@ class Method:
         """Train what the method needs (cached by key), or read it from the user's files in `checkpoints` (a released
         student); returns figures to log. Training-free methods: no-op."""
         return {}
+
+    def stand_in(self) -> None:
+        """Put seeded random weights where `fit` would train or read them (a student, a table), nothing trained and
+        no file read: the cost mode's (`bench.cost`), for a pass costs the same whatever the weights. A method whose
+        `fit` trains or reads must override it (the contract test checks); one without `fit` has nothing to do."""
 
     def caveats(self) -> dict[str, str]:
         """Where this configuration departs from the paper or its released code, by name -> one line: logged with the

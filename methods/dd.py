@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
+from core import distributed
 from core.cache import CHECKPOINTS_ENV, Cache, keyed
 from core.errors import UserError
 from core.rng import seeded
@@ -83,6 +84,11 @@ class DDConfig(PairKnobs):
     # The student's own dropout (the teacher trained with 0.1). Off, measured on digits-ar-c2i after 1000 steps:
     # DD-1 FID 2.07 vs 2.37 (split 32, 3 seeds) and each step 1.4x faster on 2 threads.
     dropout: float = 0.0
+    # Data-parallel training over the ranks of a torchrun trial (`core.distributed`): each rank takes its share of
+    # every global batch of `batch` (the paper's is 512, its App. hyperparameters; its training code is unreleased,
+    # so how it spread that batch over GPUs is not known), gradients averaged; the loss is the one-process loss of the
+    # global batch, so the student does not depend on the rank count (up to float rounding): not part of its key.
+    ddp: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -212,17 +218,42 @@ class DD(Method):
         knobs = {k: getattr(cfg, k) for k in TRAIN_KNOBS} | {"t2": self.t2}
         key = keyed(self.teacher, dataclasses.asdict(cfg.sampling), dataclasses.asdict(cfg.pairs), knobs,
                     STUDENT_VERSION)
-        blob, cached = cache.get_or_build("dd-students", key, lambda: self._train(cache))
+        blob, cached = distributed.get_or_build(cache, "dd-students", key, lambda: self._train(cache),
+                                                together=cfg.ddp)
         with seeded(cfg.train_seed):  # the fresh init is replaced by the trained weights; leave the global RNG alone
             self.student = self._new_student()
         self.student.load_state_dict(blob["state_dict"])
         self.student.eval().requires_grad_(False)
         return {**{k: float(v) for k, v in blob["info"].items()}, "student_cached": float(cached)}
 
+    @classmethod
+    def trains_on_every_rank(cls, config: DDConfig) -> bool:
+        return config.ddp and not config.student
+
+    @classmethod
+    def generates(cls, config: DDConfig, family, length: int) -> tuple[str, int, Passes] | None:
+        """The (noise, teacher sample) pairs, each a run of the teacher's sampler; none for a released student."""
+        return None if config.student else ("pairs", config.n_pairs, Passes(family.passes(config.sampling, length)))
+
+    def stand_in(self) -> None:
+        """The released student's architecture (`student` set) or ours, at the teacher's size."""
+        if self.config.student:
+            self.student = dd_released.at_random(self.teacher)
+            return
+        with seeded(0), torch.device(next(self.teacher.network.parameters()).device):
+            self.student = self._new_student().eval().requires_grad_(False)
+
     def _train(self, cache: Cache) -> dict:
-        """Algorithm 2 on the teacher's device (the pairs stay on the CPU; each batch is moved)."""
+        """Algorithm 2 on the teacher's device (the pairs' tokens stay on the CPU and their noise on disk,
+        `dd_pairs.pair_noise`; each batch is moved). With `ddp`, this
+        rank's share of each global batch (every rank draws the same batch from the same generator), gradients
+        averaged over the ranks; each loss term is this share's sum over the global batch's count of its terms,
+        times the ranks (which DDP's average divides out): the one-process mean of the global batch."""
         cfg, t0 = self.config, time.perf_counter()
-        pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache, noise=True)
+        world = distributed.world() if cfg.ddp else distributed.World()
+        if cfg.batch % world.size:
+            raise UserError(f"dd: batch {cfg.batch} (the global batch) must divide over the {world.size} ranks")
+        pairs = generate_pairs(self.teacher, cfg.sampling, cfg.pairs, cache=cache, noise=True, world=world)
         pairs_info = {f"pairs_{k}": float(v) for k, v in pairs.info.items()} | {
             "pairs_load_seconds": time.perf_counter() - t0}
         t0 = time.perf_counter()
@@ -235,16 +266,20 @@ class DD(Method):
             opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
             sched = warmup_cosine(opt, cfg.train_steps)
             known_at = torch.tensor([0, self.known[self.t2 - 1]], device=device)  # of the trained set {1, t2} (L = 2)
-            tokens, noise, cond = pairs.tokens.long(), pairs.noise.float(), pairs.cond
+            tokens, noise, cond = pairs.tokens.long(), pairs.noise, pairs.cond
+            net, n, C = world.data_parallel(student), tokens.shape[1], student.codebook.shape[1]
+            mine = slice(world.rank, None, world.size)
             for _ in range(cfg.train_steps):
                 idx = torch.randint(len(tokens), (cfg.batch,), generator=g, device=device).cpu()
                 known = known_at[torch.randint(len(known_at), (cfg.batch,), generator=g, device=device)]
-                batch = tokens[idx].to(device)  # (B, n)
-                x, is_data = student.inputs(batch, noise[idx].to(device), known)
-                logits, emb = student(cond[idx].to(device), x, is_data)
+                share = (n * cfg.batch - known.sum()) / world.size  # the global batch's targets, per rank
+                idx, known = idx[mine], known[mine]
+                batch = tokens[idx].to(device)  # (B / ranks, n)
+                x, is_data = student.inputs(batch, noise.read("noise", idx).to(device), known)  # from disk
+                logits, emb = net(cond[idx].to(device), x, is_data)
                 target = ~is_data  # the copied prefix carries no loss (Eq. 6 makes it exact)
-                ce = F.cross_entropy(logits[target], batch[target])
-                mse = F.mse_loss(emb[target], student.codebook[batch[target]])
+                ce = F.cross_entropy(logits[target], batch[target], reduction="sum") / share
+                mse = F.mse_loss(emb[target], student.codebook[batch[target]], reduction="sum") / (share * C)
                 loss = cfg.ce_weight * ce + mse
                 optimizer_step(loss, opt, sched, params)
                 ema.update_parameters(student)

@@ -9,19 +9,24 @@ student learns this map; the onestep* and skip-n baselines read the teacher-samp
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
 
 import torch
 
+from core import distributed
 from core.cache import Cache, keyed
+from core.shards import Field, Shards
 from methods.dd_token_flow import FlowConfig, Solver, flow_map
 from teachers.families import multiscale_vq
 from teachers.families.ar_token import SamplingConfig, process
 
 VERSION = 1  # bump when a change alters the pairs a PairConfig produces
+SHARD_BATCHES = 16  # generation batches per noise shard: 356 MB at VAR-d16's 680 tokens x 32 floats, batch 256
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class PairKnobs:
 
 @dataclass
 class Pairs:
-    noise: torch.Tensor | None  # (N, n, C) float32: X_1 = (eps_1 .. eps_n); None unless asked for
+    noise: Shards | None  # field "noise" (n, C) float32 per pair: X_1 = (eps_1 .. eps_n), on disk; None unless asked
     tokens: torch.Tensor  # (N, n) long: X_{n+1}, the teacher's tokens for that noise
     cond: torch.Tensor  # (N, P) long
     info: dict = field(default_factory=dict)  # seconds, n_pairs, cached
@@ -118,40 +123,80 @@ def _map_scales(teacher, noise: torch.Tensor, cond: torch.Tensor, s: multiscale_
     return torch.cat(tokens, 1)
 
 
-def pair_inputs(teacher, cfg: PairConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs' conditions (N, P) and noise (N, n, C), drawn on the CPU from `cfg.seed`, a batch at a time.
+def pair_inputs(teacher, cfg: PairConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The pairs' conditions (b, P) and noise (b, n, C), drawn on the CPU from `cfg.seed`, one generation batch at a
+    time (so that no more than a batch of noise is ever in memory: 1.2 M pairs of VAR-d16 are 104 GB of it).
 
     On the CPU whatever the device: the pair dataset is cached under a key without the device, so its inputs must be
-    the same everywhere; and drawing them again takes a fraction of a second, so the cache keeps the tokens and the
-    conditions, not the noise (20k x n x C floats: the entry ships in the model zoo without it)."""
+    the same everywhere; and drawing them again takes a fraction of a second, so the cache entry keeps the tokens and
+    the conditions, not the noise (20k x n x C floats: the entry ships in the model zoo without it)."""
     g, C = torch.Generator().manual_seed(cfg.seed), teacher.codebook.shape[1]
-    conds, noise = [], []
     for start in range(0, cfg.n_pairs, cfg.batch):
         b = min(cfg.batch, cfg.n_pairs - start)
-        conds.append(teacher.conditions(b, g).cpu())
-        noise.append(torch.randn(b, teacher.seq_len, C, generator=g))  # (b, n, C)
-    return torch.cat(conds), torch.cat(noise)
+        cond = teacher.conditions(b, g).cpu()
+        yield cond, torch.randn(b, teacher.seq_len, C, generator=g)  # (b, P), (b, n, C)
 
 
-def generate_pairs(teacher, s, cfg: PairConfig, *, cache: Cache, noise: bool = False) -> Pairs:
+def pair_noise(teacher, cfg: PairConfig, cond: torch.Tensor, *, cache: Cache, key: str | None) -> Shards:
+    """The pairs' noise, drawn again from the seed into shards in the cache (`core.shards`, under the pairs' key;
+    checked against the pairs' conditions `cond`, drawn with it), for DD's training to read a batch at a time."""
+    shards = Shards.in_cache(cache.root, "dd-noise", key,
+                             {"noise": Field((teacher.seq_len, teacher.codebook.shape[1]), torch.float32)},
+                             cfg.n_pairs, cfg.batch * SHARD_BATCHES)
+    if shards.missing():
+        batches = pair_inputs(teacher, cfg)
+        for j, (start, stop) in enumerate(shards.ranges()):
+            drawn = [next(batches) for _ in range(0, stop - start, cfg.batch)]
+            if not torch.equal(torch.cat([c for c, _ in drawn]), cond[start:stop]):
+                raise RuntimeError(f"dd-pairs {key}: the conditions drawn again from seed {cfg.seed} differ from the "
+                                   f"cached ones; delete the entry")
+            if not shards.has(j):
+                shards.write(j, {"noise": torch.cat([eps for _, eps in drawn])})
+    return shards
+
+
+def generate_pairs(teacher, s, cfg: PairConfig, *, cache: Cache, noise: bool = False,
+                   world: distributed.World = distributed.World()) -> Pairs:
     """Algorithm 1: cfg.n_pairs (noise, tokens, condition) triples, cached by teacher, sampling settings and cfg
-    (methods with different knobs of their own share the pairs); the noise only with `noise` (DD's training)."""
+    (methods with different knobs of their own share the pairs); the noise only with `noise` (DD's training).
+
+    Every rank of `world` (DD's `ddp`) calls this: the ranks map the generation batches between them (batch b on rank
+    b mod N, into shards under the cache: a killed generation resumes), then rank 0 gathers them into the entry. A
+    batch's tokens are the same whichever rank maps it, so the entry is the one one process makes."""
     key = keyed(teacher, dataclasses.asdict(s), dataclasses.asdict(cfg), VERSION)
-    blob, cached = cache.get_or_build("dd-pairs", key, lambda: _generate(teacher, s, cfg))
-    eps = None
-    if noise:
-        cond, eps = pair_inputs(teacher, cfg)
-        if not torch.equal(cond, blob["cond"]):
-            raise RuntimeError(f"dd-pairs {key}: the conditions drawn again from seed {cfg.seed} differ from the "
-                               f"cached ones; delete the entry")
+    parts = None
+    if world.size > 1 and key is not None and world.broadcast(cache.load("dd-pairs", key) is None
+                                                              if world.main else None):
+        parts = _map_parts(teacher, s, cfg, cache.root / "dd-pairs-parts" / key, world)
+    blob, cached = cache.get_or_build("dd-pairs", key, lambda: _generate(teacher, s, cfg, parts))
+    if parts is not None and world.main:
+        shutil.rmtree(parts.folder, ignore_errors=True)
+    eps = pair_noise(teacher, cfg, blob["cond"], cache=cache, key=key) if noise else None
     return Pairs(eps, blob["tokens"].long(), blob["cond"], {**blob["info"], "cached": cached})
 
 
-def _generate(teacher, s, cfg: PairConfig) -> dict:
+def _map_parts(teacher, s, cfg: PairConfig, folder: Path, world: distributed.World) -> Shards:
+    """This rank's generation batches (b mod N = rank) mapped into `folder`, one shard per batch; returns when every
+    rank has mapped its own."""
+    parts = Shards(folder, {"tokens": Field((teacher.seq_len,), torch.int64)}, cfg.n_pairs, cfg.batch)
+    device = teacher.codebook.device
+    for b, (cond, noise) in enumerate(pair_inputs(teacher, cfg)):  # every rank draws the whole stream (cheap)
+        if b % world.size == world.rank and not parts.has(b):
+            parts.write(b, {"tokens": map_noise(teacher, noise.to(device), cond.to(device), s, cfg.flow).cpu()})
+    world.barrier()
+    return parts
+
+
+def _generate(teacher, s, cfg: PairConfig, parts: Shards | None = None) -> dict:
+    """The pairs' entry: their tokens mapped here, or read from the ranks' `parts`."""
     t0, device = time.perf_counter(), teacher.codebook.device
-    cond, noise = pair_inputs(teacher, cfg)
-    tokens = [map_noise(teacher, noise[i : i + cfg.batch].to(device), cond[i : i + cfg.batch].to(device), s,
-                        cfg.flow).cpu() for i in range(0, cfg.n_pairs, cfg.batch)]
+    conds, tokens = [], []
+    for b, (cond, noise) in enumerate(pair_inputs(teacher, cfg)):
+        conds.append(cond)
+        if parts is None:
+            tokens.append(map_noise(teacher, noise.to(device), cond.to(device), s, cfg.flow).cpu())
+        else:
+            tokens.append(parts.read("tokens", torch.arange(b * cfg.batch, b * cfg.batch + len(cond))))
     dtype = torch.int16 if teacher.vocab_size <= torch.iinfo(torch.int16).max else torch.int32
-    return {"tokens": torch.cat(tokens).to(dtype), "cond": cond,
+    return {"tokens": torch.cat(tokens).to(dtype), "cond": torch.cat(conds),
             "info": {"seconds": time.perf_counter() - t0, "n_pairs": cfg.n_pairs}}

@@ -210,13 +210,19 @@ def load(path: Path, teacher) -> ReleasedStudent:
     return from_state(blob, teacher, path.name)
 
 
+def at_random(teacher) -> ReleasedStudent:
+    """The released student's architecture at the size of `teacher`'s network with seeded random weights (the cost
+    mode's: DD Table 1's #Para counts this network)."""
+    cls = ReleasedVARDD if teacher.family is multiscale_vq.FAMILY else ReleasedLlamaGenDD
+    with seeded(0), torch.device(teacher.codebook.device):  # leave the global RNG alone
+        return cls(teacher.network, teacher.codebook).eval().requires_grad_(False)
+
+
 def from_state(state: dict[str, torch.Tensor], teacher, name: str) -> ReleasedStudent:
     """The released student of a state dict in the release's keys (`DD_Model.state_dict()` or `DDTransformer`'s)
     on `teacher`'s network and device; `name` (the file) is what a mismatch names."""
-    cls = ReleasedVARDD if teacher.family is multiscale_vq.FAMILY else ReleasedLlamaGenDD
     state = {k: v for k, v in state.items() if k.rsplit(".", 1)[-1] not in BUFFERS}
-    with seeded(0), torch.device(teacher.codebook.device):  # the init is overwritten; leave the global RNG alone
-        net = cls(teacher.network, teacher.codebook)
+    net = at_random(teacher)  # the init is overwritten
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as exc:  # a shape
@@ -225,4 +231,4 @@ def from_state(state: dict[str, torch.Tensor], teacher, name: str) -> ReleasedSt
     if missing or unexpected:
         raise UserError(f"dd student {name} does not fit teacher {teacher.name!r}: missing keys "
                         f"{missing[:5]}, unexpected keys {unexpected[:5]}")
-    return net.eval().requires_grad_(False)
+    return net

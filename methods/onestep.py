@@ -115,6 +115,17 @@ class FromPairs(Method):
         self.marginals = Marginals.count(pairs.tokens, pairs.cond, t.vocab_size)
         return {f"pairs_{k}": float(v) for k, v in pairs.info.items()}
 
+    @classmethod
+    def generates(cls, config, family, length: int) -> tuple[str, int, Passes]:
+        """DD's pair dataset, each pair a run of the teacher's sampler (shared with DD at the same settings)."""
+        return "pairs", config.n_pairs, Passes(family.passes(config.sampling, length))
+
+    def stand_in(self) -> None:
+        """One random sample as the table (a lookup costs nothing, whatever the table holds)."""
+        t, g = self.teacher, torch.Generator().manual_seed(0)
+        tokens = torch.randint(t.vocab_size, (1, t.seq_len), generator=g)
+        self.marginals = Marginals.count(tokens, torch.zeros(1, 1, dtype=torch.long), t.vocab_size)
+
     def fitted(self) -> Marginals:
         if self.marginals is None:
             raise RuntimeError(f"{type(self).__name__}: call fit() before sample()")

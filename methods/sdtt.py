@@ -39,8 +39,10 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 
+from core import distributed
 from core.cache import Cache, keyed
 from core.config import config_dict
+from core.errors import UserError
 from core.rng import seeded
 from core.samples import Samples
 from core.training import ema_update, optimizer_step
@@ -52,6 +54,7 @@ from teachers.families import masked_diffusion as md
 
 Divergence = Literal["kld", "kld-fwd", "mse", "tvd", "tvd-log"]
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
+RANK_SEED_STRIDE = 7919  # rank k of a `ddp` round draws from seed + k * this (rank 0: the one-process seed)
 
 
 def divergence(student: torch.Tensor, target: torch.Tensor, kind: Divergence) -> torch.Tensor:
@@ -114,6 +117,11 @@ class SDTTConfig:
     # the causal LM with a KV cache, trained on the same chunks, sampled in the same run as the "ar" arm
     ar_arm: bool = True
     ar_top_p: float = 1.0
+    # Data-parallel distillation over the ranks of a torchrun trial (`core.distributed`), as the released code trains
+    # (Lightning DDP, a global batch of 128 over its devices): each rank draws its own share of every global batch of
+    # `batch` (its own chunks, times and teacher steps), gradients averaged. The student then depends on the rank
+    # count, which its cache key holds (above one rank).
+    ddp: bool = False
     # A released student: a folder of the checkpoints folder holding one revision of jdeschena/sdtt; empty: distil.
     student: str = ""
     release: ClassVar[Any] = None  # the student's `sdtt_released.Release` (read, or told by the folder's name)
@@ -212,29 +220,43 @@ class SDTT(Method):
             self.student = released.load(self.release, self.teacher)
             return {"student_sampling_steps": float(cfg.student_sampling.steps)}
         knobs = {k: v for k, v in config_dict(cfg).items() if k in TRAIN_KNOBS}
-        blob, cached = cache.get_or_build("sdtt-ema", keyed(self.teacher, knobs, cfg.rounds, STUDENT_VERSION),
-                                          lambda: self._rounds(knobs, cache))
+        ranks = distributed.world().size if cfg.ddp else 1
+        if ranks > 1:
+            knobs["ranks"] = ranks
+        key = keyed(self.teacher, knobs, cfg.rounds, STUDENT_VERSION)
+        blob, cached = distributed.get_or_build(cache, "sdtt-ema", key, lambda: self._rounds(knobs, cache),
+                                                together=cfg.ddp)
         self.student = copy.deepcopy(self.teacher.network)
         self.student.load_state_dict(blob["ema"])
         self.student.eval().requires_grad_(False)
         return {**blob["info"], "student_cached": float(cached)}
 
+    @classmethod
+    def trains_on_every_rank(cls, config: SDTTConfig) -> bool:
+        return config.ddp and not config.student
+
     def _rounds(self, knobs: dict, cache: Cache) -> dict:
         """Rounds 1..R, each round's full state (student, EMA, optimiser) cached, so that a longer run reuses them."""
         info, state = {}, None  # {"student", "ema", "opt"} state dicts after the last round
-        for r in range(1, self.config.rounds + 1):  # get_or_build calls the builder before `state` is reassigned
-            state, _ = cache.get_or_build("sdtt-students", keyed(self.teacher, knobs, r, STUDENT_VERSION),
-                                          lambda: self._round(r, state, cache))
+        for r in range(1, self.config.rounds + 1):  # the builder runs before `state` is reassigned
+            state, _ = distributed.get_or_build(cache, "sdtt-students", keyed(self.teacher, knobs, r, STUDENT_VERSION),
+                                                lambda: self._round(r, state, cache), together=self.config.ddp)
             info.update({f"round{r}_{k}": float(v) for k, v in state["info"].items()})
         return {"ema": state["ema"], "info": info}
 
     def _round(self, r: int, prev: dict | None, cache: Cache) -> dict:
+        """Round r: `iters_per_round` steps of Algorithm 2; with `ddp`, this rank's share of each global batch,
+        drawn from its own generator (rank 0's is the one-process generator), gradients averaged over the ranks."""
         cfg, t0 = self.config, time.perf_counter()
+        world = distributed.world() if cfg.ddp else distributed.World()
+        if cfg.batch % world.size:
+            raise UserError(f"sdtt: batch {cfg.batch} (the global batch) must divide over the {world.size} ranks")
+        batch, seed = cfg.batch // world.size, cfg.train_seed * 1000 + r + RANK_SEED_STRIDE * world.rank
         mask_id, T = self.teacher.mask_id, cfg.sampling.steps // cfg.distill_steps ** (r - 1)
         delta = (1 - md.SAMPLING_EPS) / T
         data = self.teacher.training_chunks(cache)  # on the teacher's device, where everything below runs
-        g = torch.Generator(data.device).manual_seed(cfg.train_seed * 1000 + r)
-        with seeded(cfg.train_seed * 1000 + r):  # dropout draws from the global generators
+        g = torch.Generator(data.device).manual_seed(seed)
+        with seeded(seed):  # dropout draws from the global generators
             student = copy.deepcopy(self.teacher.network).train().requires_grad_(True)
             ema = copy.deepcopy(self.teacher.network).requires_grad_(False)
             opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
@@ -245,18 +267,20 @@ class SDTT(Method):
             step0 = (r - 1) * cfg.iters_per_round
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (step0 + s + 1) / max(1, cfg.lr_warmup)))
             teacher = copy.deepcopy(student).eval().requires_grad_(False)
-            losses = []
+            net, losses = world.data_parallel(student), []
             for i in range(cfg.iters_per_round):
-                x = data[torch.randint(len(data), (cfg.batch,), generator=g, device=data.device)]
-                t = md.antithetic_times(cfg.batch, g, data.device)
+                x = data[torch.randint(len(data), (batch,), generator=g, device=data.device)]
+                t = md.antithetic_times(batch, g, data.device)
                 z = md.corrupt(x, t, mask_id, g)
                 target = teacher_targets(lambda v: md.subs(teacher(v), v, mask_id), z, t, delta, cfg.distill_steps,
                                          mask_id, g)
                 masked = z == mask_id
-                if not masked.any():
+                if not masked.any() and world.size == 1:
                     continue
-                logp = md.subs(student(z), z, mask_id)
-                loss = divergence(logp[masked], target[masked], cfg.divergence)
+                logp = md.subs(net(z), z, mask_id)
+                # a rank with nothing masked still joins the step (DDP averages every rank's gradients): a zero loss
+                loss = (divergence(logp[masked], target[masked], cfg.divergence) if masked.any() else
+                        logp.sum() * 0.0)
                 optimizer_step(loss, opt, sched, student.parameters())
                 ema_update(ema, student, cfg.ema, step0 + i)
                 losses.append(loss.item())
@@ -265,6 +289,10 @@ class SDTT(Method):
                 "seconds": time.perf_counter() - t0}
         return {"student": _cpu(student.state_dict()), "ema": _cpu(ema.state_dict()), "opt": _cpu(opt.state_dict()),
                 "info": info}
+
+    def stand_in(self) -> None:
+        """The student is the teacher's network (a released student too: `sdtt_released.load` checks it is)."""
+        self.student = copy.deepcopy(self.teacher.network)
 
     # ---- sampling -------------------------------------------------------------------------------------------
     def denoise(self, z: torch.Tensor) -> torch.Tensor:

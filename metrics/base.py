@@ -37,6 +37,8 @@ class Metric:
     # True when `compute` draws random numbers (subsets, splits, k-means): the runner then repeats it over seeds
     # 0..repeats-1 and logs the mean under the key and the spread under "<key>.seed_std".
     stochastic: ClassVar[bool] = False
+    # Samples per arm below which `compute` cannot give a number (a covariance, an MMD): refused before any work.
+    min_samples: ClassVar[int] = 1
     extractor: str  # the feature extractor's name; part of every key `compute` returns
 
     @classmethod

@@ -25,6 +25,7 @@ import torch.nn as nn
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
 from core.cache import Cache, config_key
+from core import files
 from core.checkpoints import mismatch, torch_load_errors
 from core.errors import UserError
 from core.rng import seeded
@@ -196,18 +197,18 @@ def check_arch(metric: str, arch: str) -> None:
                         f"{', '.join(suggestions)} (open_clip.list_models() without a Hugging Face text tower)")
 
 
-def checkpoint_file(owner: str, env: str, arch: str, example: str) -> Path:
+def checkpoint_file(owner: str, env: str, arch: str, example: str) -> Path | None:
     """The local checkpoint named by the environment variable `env`.
 
     UserError "<owner>: ..." naming the variable (and the file) when it is unset or the file is missing; `example` is
-    a file name for the message.
+    a file name for the message. Inside a dry run's audit (`core.files`) a missing one is listed instead (an unset
+    variable as `$ENV`) and None returned.
     """
-    if not os.environ.get(env):
-        raise UserError(f"{owner}: no checkpoint; set {env}=/path/to/{example} ({arch})")
-    path = Path(os.environ[env]).expanduser().resolve()
-    if not path.is_file():
-        raise UserError(f"{owner}: checkpoint {path} (from {env}) not found")
-    return path
+    value = os.environ.get(env)
+    path = Path(value).expanduser().resolve() if value else Path(f"${env}")
+    missing = (f"{owner}: checkpoint {path} (from {env}) not found" if value else
+               f"{owner}: no checkpoint; set {env}=/path/to/{example} ({arch})")
+    return path if files.require(path, missing) else None
 
 
 def load_open_clip(arch: str, path: Path, *, device: torch.device) -> OpenCLIP:

@@ -74,8 +74,8 @@ class CLIPScore(Metric):
     def check(cls, extractor: str | None, checkpoints: Path) -> None:
         if extractor is not None and is_folder_name(extractor):
             clip_hf.check(extractor, checkpoints)
-        elif extractor is not None:
-            check_whole(cls._checkpoint(extractor))
+        elif extractor is not None and (path := cls._checkpoint(extractor)) is not None:
+            check_whole(path)
         return None
 
     @classmethod
@@ -86,7 +86,7 @@ class CLIPScore(Metric):
                             f"or clip@hf:<folder> with a local transformers CLIP folder")
 
     @classmethod
-    def _checkpoint(cls, arch: str) -> Path:
+    def _checkpoint(cls, arch: str) -> Path | None:
         if arch.startswith(PREFIX):  # "hf:" alone
             raise UserError(f"{cls.name}@{arch}: name the folder, clip@hf:<folder> (a path or a name under "
                             f"--checkpoints), or an open_clip architecture, clip@<arch>")

@@ -50,6 +50,7 @@ class FID(ImageFeatureMetric):
 
     name = "fid"
     higher_is_better = False
+    min_samples = 2  # a covariance (torchmetrics: "More than one sample is required")
     compares_with = "statistics"  # a real checkpoint's teacher: a file's or a folder's; else the real split's
 
     @classmethod

@@ -39,11 +39,12 @@ class HPSv2(Metric):
             path = cls._checkpoint(extractor or ARCH)
         except UserError as exc:
             return str(exc)  # no weights on this machine: the trial runs and the metric is tagged unavailable
-        check_whole(path)  # a file that is there but damaged is refused, not skipped
+        if path is not None:  # None: a dry run, which lists it missing
+            check_whole(path)  # a file that is there but damaged is refused, not skipped
         return None
 
     @classmethod
-    def _checkpoint(cls, arch: str) -> Path:
+    def _checkpoint(cls, arch: str) -> Path | None:
         return checkpoint_file(cls.name, CHECKPOINT_ENV, arch, CHECKPOINT_EXAMPLE)
 
     def __init__(self, teacher, *, cache: Cache, device: torch.device, checkpoints: Path,

@@ -21,6 +21,7 @@ class KID(ImageFeatureMetric):
 
     name = "kid"
     higher_is_better = False
+    min_samples = 2  # the unbiased MMD^2 divides by m (m - 1)
     stochastic = True
     # The libraries' default subset size (1000) is larger than the digits test split (360 images) and than a typical
     # trial's sample count; `compute` lowers 50 further when either side has fewer images.

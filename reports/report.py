@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.errors import UserError
-from core.names import KIND_TAG, LAMBADA, STUDY, TRIAL
+from core.names import COST, KIND_TAG, LAMBADA, STUDY, TRIAL
 from reports.plots import (acceptance_by_position, acceptance_vs_window, quality_vs_time, study_history,
                            study_importances)
 from reports.tables import TrialRun, build_markdown
@@ -13,8 +13,15 @@ from reports.tables import TrialRun, build_markdown
 
 def load_runs(uri: str, experiment: str, filter_string: str = "", kind: str = TRIAL) -> list[TrialRun]:
     """The experiment's finished runs of `kind` (trials; `lambada`: lm-eval runs) that match `filter_string`."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.search_utils import SearchUtils
+
     from bench.tracking import client as store_client
 
+    try:  # MLflow's own parser, before the store is touched
+        SearchUtils.parse_search_filter(filter_string)
+    except MlflowException as exc:
+        raise UserError(f"--filter {filter_string!r}: {exc.message}") from None
     client = store_client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -68,6 +75,16 @@ def study_plots(name: str, params: dict, runs: list[TrialRun], out: Path) -> lis
         paths.append(study_importances(name, metric, optuna.importance.get_param_importances(
             study, evaluator=evaluator), out))
     return paths
+
+
+def write_cost_report(uri: str, experiment: str, out: Path) -> Path:
+    """COST.md from the experiment's cost runs (`accelbench suite FILE --cost`)."""
+    from reports.cost import cost_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "COST.md"
+    path.write_text(cost_markdown(load_runs(uri, experiment, kind=COST), f"AccelBench cost: {experiment}"))
+    return path
 
 
 def write_report(uri: str, experiment: str, out: Path, filter_string: str = "") -> Path:

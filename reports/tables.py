@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 
 from core.paper import SPEED_KEYS, from_tags
 from core.trial import MAX_COUNT
-from core.names import HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_STEPS, SPEEDUP_WALL
+from core.names import (HEADLINE_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SEC_PER_SAMPLE, SPEEDUP_FLOPS, SPEEDUP_STEPS,
+                        SPEEDUP_WALL)
 
 SAMPLING_ORDER = ("top_k", "temperature", "cfg", "greedy")  # how the sampling column lists the usual knobs first
 HEADLINE_METRICS = ("fid", "gen_ppl", "clip", "mauve")  # the headline's quality column: the first of these a run has
@@ -122,11 +123,16 @@ class Column:
     suffix: str = ""
 
 
+WALL_HEADER = "speed-up wall ↑"
+NOISY = SPEEDUP_WALL + "_noisy"  # a run's flag: an arm's timing CV above the latency protocol's bound
+
+
 def _columns(quality) -> list[Column]:
     return [Column("NFE / sample ↓", NFE_PER_SAMPLE, digits=1),
             Column("ms / sample ↓", SEC_PER_SAMPLE, 1000),
-            Column("speed-up wall ↑", SPEEDUP_WALL, suffix="×"),
+            Column(WALL_HEADER, SPEEDUP_WALL, suffix="×"),
             Column("speed-up steps ↑", SPEEDUP_STEPS, suffix="×"),
+            Column("speed-up FLOPs ↑", SPEEDUP_FLOPS, suffix="×"),
             *(Column(_header(k, h), k) for k, h in quality)]
 
 
@@ -191,8 +197,11 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
     for (method, knobs, samp, batch, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
         rs = [seeds[s] for s in sorted(seeds)]
-        lines.append("| " + " | ".join([method, knobs, samp, str(batch), str(n), str(len(rs)), *cells_of(
-            lambda c: [r.metrics[c.key] for r in rs if c.key in r.metrics], rs[0].paper)]) + " |")
+        cells = [method, knobs, samp, str(batch), str(n), str(len(rs)), *cells_of(
+            lambda c: [r.metrics[c.key] for r in rs if c.key in r.metrics], rs[0].paper)]
+        if any(r.metrics.get(NOISY) for r in rs):  # an arm's timings spread too widely: flagged, not averaged away
+            cells[head.index(WALL_HEADER)] += " ⚠"
+        lines.append("| " + " | ".join(cells) + " |")
         lines += _baseline_rows(rs, knobs, samp, batch, n, cells_of)
     return lines, blank
 
@@ -319,7 +328,11 @@ def build_markdown(runs: list[TrialRun], title: str, evaluations: list[TrialRun]
             "forward passes per sample; n is the number of samples per arm and batch the samples per sampler call (a "
             "row's speed-ups are against the teacher at the same batch size); ↑/↓ mark the better direction; the "
             "extractor of each metric is in parentheses. Where a paper suite gave the paper's number for a row, "
-            "\"paper\" is that number (the run's tag `paper.source` names the table and row) and Δ is ours − paper.",
+            "\"paper\" is that number (the run's tag `paper.source` names the table and row) and Δ is ours − paper. "
+            "Speed-up FLOPs: the teacher arm's FLOPs per sample over the method's, counted on one reference sample "
+            "(seed 0; torch's FLOP formulas), which no machine's load moves. ⚠ after a wall speed-up: in some run an "
+            "arm's per-sample times spread with a CV above 10 % (core/latency.py), so that wall speed-up is not to be "
+            "trusted on that machine; the FLOPs and steps speed-ups still are.",
             "",
             "Reproducibility: a trial (teacher, method, knobs, n, seed) rerun on the same machine and software gives "
             "identical samples, NFE, acceptance and quality metrics. On another machine (CPU model, BLAS, torch "

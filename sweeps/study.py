@@ -23,7 +23,7 @@ from core.cache import Cache
 from core.errors import UserError
 from core.names import KIND_TAG, STUDY
 from bench.runner import RunOptions, run_trial
-from bench.tracking import Tracker, check_reachable, owner_alive
+from bench.tracking import ORPHAN_TAG, Tracker, check_reachable, owner_alive
 from sweeps.spec import StudySpec
 
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -50,15 +50,20 @@ def default_storage(workers: int) -> str:
 
 
 def _failed_trial_handler(tracker: Tracker | None):
-    """End a dead worker's MLflow runs FAILED, then retry its trial (Optuna's callback, up to MAX_RETRY times)."""
+    """Tag a dead worker's MLflow runs `optuna_state` FAIL and end those still RUNNING KILLED, then retry its trial
+    (Optuna's callback, up to MAX_RETRY times). KILLED, as `Tracker.end_orphans` ends a run whose process is gone:
+    whichever of the two reaches the run first (another worker may start a trial of the same key before this
+    handler runs), the run ends the same way."""
     retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
     def handle(study, trial):
         if tracker is not None:
             for run_id in trial.user_attrs.get(RUNS_ATTR, []):
+                tracker.client.set_tag(run_id, "optuna_state", "FAIL")
                 if tracker.client.get_run(run_id).info.status == "RUNNING":
-                    tracker.client.set_tag(run_id, "optuna_state", "FAIL")
-                    tracker.client.set_terminated(run_id, "FAILED")
+                    tracker.client.set_tag(run_id, ORPHAN_TAG, f"worker {trial.user_attrs.get('worker', '?')} "
+                                                               f"stopped: trial {trial.number} failed and is retried")
+                    tracker.client.set_terminated(run_id, "KILLED")
         retry(study, trial)
 
     return handle
@@ -91,9 +96,11 @@ def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
     check_reachable(url, "study storage")
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {"pool_pre_ping": True}
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,
-                                          grace_period=opts.grace,
-                                          heartbeat_stale_trial_callback=_failed_trial_handler(tracker))
+        with warnings.catch_warnings():  # heartbeats and their retry callback: "experimental" since Optuna 2.8, and
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # what a sweep relies on
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,
+                                              grace_period=opts.grace,
+                                              heartbeat_stale_trial_callback=_failed_trial_handler(tracker))
     except Exception as exc:  # an unreachable database: say which, before any work
         raise UserError(f"cannot open study storage {url}: {str(exc).splitlines()[0]}") from None
 
@@ -264,4 +271,8 @@ def summary(study: optuna.Study) -> list[str]:
     for t in best:
         values = ", ".join(f"{n}={v:.4g}" for n, v in zip(names, t.values))
         lines.append(f"  {label} #{t.number}: {values}; params={t.params}")
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if complete and not best:  # Optuna's best trials are the feasible ones: say why there is none
+        lines.append(f"  no best trial: all {len(complete)} complete trials violate a constraint (their "
+                     f"`constraints` user attribute: > 0 is the violation)")
     return lines

@@ -506,6 +506,20 @@ def refused_by_the_cli(capture, *args: str) -> str:
     return err
 
 
+def listed_entries(out: str) -> dict[str, str]:
+    """`accelbench list`'s output as {name: its entry's text on one line} (an entry wraps over several lines; a
+    method's knobs line is the end of its entry)."""
+    entries: dict[str, str] = {}
+    name = None
+    for line in out.splitlines():
+        if line.startswith("  ") and not line[2].isspace():
+            name = line.split()[0]
+            entries[name] = ""
+        if name is not None and line.startswith("  "):
+            entries[name] = f"{entries[name]} {line.strip()}".strip()
+    return entries
+
+
 def ar_methods_through_the_cli(teacher: str, tmp_path: Path, sampling: list[str], *, n_samples: int = 2,
                                batch_size: int = 1, init: str = "repeat-above") -> tuple[list, list[str]]:
     """`ar`, `jacobi` and `sjd` (window 4) on `teacher` by the CLI into a fresh MLflow store, then a report of them:

@@ -21,6 +21,7 @@ TEACHERS.register("tiny-mar-official", TinyOfficialMAR)
 TEACHERS.register("tiny-llamagen-t2i", "tests.fakes_llamagen_t2i:TinyLlamaGenT2I")
 
 BARRIER_ENV = "ACCELBENCH_TEST_BARRIER"  # "<folder>:<n>": `barrier-table-ar` loads once n processes are loading it
+HOLD_ENV = "ACCELBENCH_TEST_HOLD"  # "<file>": `slow-table-ar`'s first pass creates the file and never returns
 
 
 @TEACHERS.register("table-ar")
@@ -38,9 +39,15 @@ class TableARTeacher(TableAR):
 
 @TEACHERS.register("slow-table-ar")
 class SlowTableARTeacher(TableARTeacher):
-    """The table teacher with 20 ms per forward pass, so a trial lasts long enough to be killed mid-way."""
+    """The table teacher with 20 ms per forward pass, so a trial lasts long enough to be killed mid-way. With
+    HOLD_ENV set, its first pass says so in that file and waits for the signal the test sends: the process is caught
+    mid-pass whatever the speed of the machine."""
 
     def extend(self, state, tokens):
+        if hold := os.environ.get(HOLD_ENV):
+            Path(hold).touch()
+            while True:
+                time.sleep(0.05)
         time.sleep(0.02)
         return super().extend(state, tokens)
 

@@ -231,6 +231,7 @@ def test_a_bad_webtext_file_is_one_line_naming_it(tmp_path, content, message):
     (b"teacher: [digits-ar-c2i\nmethod: ar\n", "is not valid YAML"),
     (b"- teacher: digits-ar-c2i\n", "expected a mapping, got list"),
     (None, "not UTF-8 text"),
+    (b"teacher: digits-ar-c2i\nmethod: sjd\nparams: {window: 16, window: 4}\n", "key 'window' is given twice (line 3)"),
 ])
 @pytest.mark.parametrize("command", ["trial", "suite", "sweep"])
 def test_a_bad_yaml_file_is_one_line_naming_it(tmp_path, capsys, command, content, message):

@@ -7,6 +7,7 @@ import cli
 from core.registry import METHODS
 from methods.teacher_samplers import ARSampler
 from teachers.families import masked_diffusion
+from tests.fakes import listed_entries
 
 
 @pytest.fixture()
@@ -123,6 +124,10 @@ def test_ard_trial_end_to_end(tiny_recipe, store, tmp_path):
                 "fit/teacher_forced_mse", "fit/student_gflops_per_step"):
         assert key in m, key
     assert m["fit/extra_flops_vs_teacher_step"] > 0  # N = 1 reads the history
+    # FLOPs per sample of both arms, counted on the first sample: 4 student steps against 8 teacher steps
+    assert m["gflops_per_sample"] > 0 and 1 < m["speedup_flops"] == m["ref/gflops_per_sample"] / m["gflops_per_sample"]
+    assert m["gmacs_per_sample"] == m["gflops_per_sample"] / 2
+    assert {"sec_per_sample_cv_pct", "ref/sec_per_sample_cv_pct", "speedup_wall_noisy"} <= set(m)
 
 
 def test_sdtt_trial_end_to_end_with_its_baseline_arms(tiny_recipe, store, tmp_path):
@@ -254,7 +259,8 @@ def test_bad_files_devices_numbers_and_folders_are_one_line_before_any_work(tmp_
     (tmp_path / "store").mkdir()
     binary = tmp_path / "trial.yaml"
     binary.write_bytes(b"teacher: digits-ar-t2i\nmethod: \xff\xfe sjd\n")
-    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-file").write_text("not a database")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     cases = [
         ([str(binary)], "not UTF-8 text"),
         (["--teacher", "digits-ar-t2i", "--method", "sjd", "--device", "cuda:99"], "cuda:99"),
@@ -263,6 +269,17 @@ def test_bad_files_devices_numbers_and_folders_are_one_line_before_any_work(tmp_
         (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "cfg=nan"], "(finite), got 'nan'"),
         (["--teacher", "digits-ar-t2i", "--method", "sjd", "--cache-dir", str(tmp_path / "a-file" / "cache")],
          "cache directory (--cache-dir)"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--time-budget", "nan"], "must be finite and >= 0"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=16", "--param", "window=4"],
+         "--param window is given twice ('16' and '4')"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "fid", "--n-samples", "1"],
+         "metric 'fid' needs at least 2 samples per arm, got n_samples 1"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--tracking-uri", "foo://bar"], "unknown scheme 'foo'"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--tracking-uri", f"sqlite:///{tmp_path}/a-file"],
+         "a-file is not a SQLite database"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--cache-dir", str(tmp_path / "loop" / "c")],
+         "Symlink loop"),
+        (["--teacher", "digits-ar-t2i", "--method", "sjd", "--memory-budget", "inf"], "must be finite and >= 0"),
     ]
     if not torch.cuda.is_available():
         cases.append((["--teacher", "digits-ar-t2i", "--method", "sjd", "--device", "cuda"], "has no CUDA device"))
@@ -276,6 +293,18 @@ def test_bad_files_devices_numbers_and_folders_are_one_line_before_any_work(tmp_
     assert cli.main(["suite", str(suite), "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
                      "--out", str(tmp_path / "a-file" / "report")]) == 2
     assert "report directory (--out)" in capsys.readouterr().err
+    suite.write_text("experiment: x\nseeds: [0, 0]\ntrials: [{teacher: digits-ar-t2i, method: sjd}]\n")
+    assert cli.main(["suite", str(suite), "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert "'seeds' repeats a seed: [0, 0]" in capsys.readouterr().err
+    suite.write_text("experiment: x\ntrials: [{teacher: digits-ar-t2i, method: sjd}, {teacher: digits-ar-t2i, "
+                     "method: sjd, params: {window: 16}}]\n")  # 16 is the default: the same trial
+    assert cli.main(["suite", str(suite), "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert "trial 1 is trial 0 again (the same trial key)" in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ACCELBENCH_ZOO", str(tmp_path / "nonexistent"))
+        assert cli.main(["run", "--teacher", "digits-ar-t2i", "--method", "sjd", "--tracking-uri", store,
+                         "--cache-dir", str(tmp_path / "cache")]) == 2
+        assert "no model zoo there (no manifest.json)" in capsys.readouterr().err
     assert not list((tmp_path / "cache").rglob("*.pt")) and not any((tmp_path / "store").iterdir())  # no work done
 
 
@@ -311,10 +340,12 @@ def test_list_shows_every_entry_with_families(capsys):
     assert "hf:<folder>" in out and "[multiscale-vq, image]" in out
     # every method's own knobs with their defaults (the released students' knobs among them); a family's own
     # sampler has only the sampling settings
-    lines = out.splitlines()
-    knob_line = {lines[i].split()[0]: lines[i + 1] for i in range(len(lines) - 1) if "knobs:" in lines[i + 1]}
-    assert "window=16" in knob_line["sjd"] and "student=''" in knob_line["dd"] and "student=''" in knob_line["sdtt"]
-    assert "ar" not in knob_line
+    knobs = {name: text.split("knobs:")[1] for name, text in listed_entries(out).items() if "knobs:" in text}
+    assert "window=16" in knobs["sjd"] and "student=''" in knobs["dd"] and "student=''" in knobs["sdtt"]
+    assert "ar" not in knobs
+    # within 120 columns, each description whole: wrapped at spaces, not cut at its docstring's first line break
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert " ".join(METHODS.get("sjd").__doc__.split("\n\n")[0].split()) in " ".join(out.split())
 
 
 def test_a_sqlite_stores_artifacts_go_beside_its_file(tmp_path, monkeypatch):
@@ -405,3 +436,16 @@ def test_the_checkpoints_folder_is_handed_down_not_read_from_the_environment(tmp
     assert f"missing {tmp_path}/option/DiT-XL-2-256x256.pt" in err
     err = refused_by_the_cli(capsys, "run", "--teacher", "dit-xl-2-256", "--method", "ddim", *store)
     assert f"missing {tmp_path}/from-env/DiT-XL-2-256x256.pt" in err
+
+
+def test_a_latency_batch_times_the_arms_under_the_protocol_apart_from_the_quality_batches(tiny_recipe, store, tmp_path):
+    code = run_cli(store, tmp_path / "cache", "--teacher", "digits-dit-c2i", "--method", "ddim", "--param", "steps=4",
+                   "--n-samples", "4", "--batch-size", "4", "--latency-batch", "2", "--latency-warmup", "1",
+                   "--latency-min-count", "3", "--latency-min-seconds", "0")
+    assert code == 0
+    (run,) = [r for r in all_runs(store) if r.data.tags.get("accelbench.kind") == "trial"]
+    m = run.data.metrics
+    assert m["latency_batch"] == 2 and m["ref/latency_batch"] == 2 and m["latency_count"] >= 3
+    # the wall speed-up is the protocol's, not the quality batches'
+    assert m["speedup_wall"] == m["ref/latency_per_sample_median"] / m["latency_per_sample_median"]
+    assert run.data.params["latency_batch"] == "2"

@@ -12,7 +12,7 @@ from teachers import teacher_class
 from core.registry import METHODS, METRICS, TEACHERS
 from core.samples import Samples
 from bench.plan import RUN_FIELDS
-from methods.base import TeacherSampler
+from methods.base import Method, TeacherSampler
 from teachers.families import ar_token, continuous_ar, masked_ar, masked_diffusion, multiscale_vq, ode_diffusion
 from tests.fakes import (NO_CHECKPOINTS, LinearGaussianAR, LinearGaussianMasked, TableAR, tiny_dit_teacher,
                          tiny_emu3_teacher,
@@ -73,6 +73,8 @@ def test_family_contract(family):
 def test_method_entry(name, tmp_path):
     cls = METHODS.get(name)
     assert cls.__doc__ and cls.families and set(cls.modalities) <= {"image", "text"}
+    if cls.fit is not Method.fit:  # what `fit` trains or reads, the cost mode stands in for
+        assert cls.stand_in is not Method.stand_in, f"{cls.__name__} overrides fit but not stand_in"
     declared = {k for family in cls.families for k in knobs(cls.config_class(family))}
     assert set(cls.key_knobs) <= declared, "key knobs must be knobs (of at least one family's config)"
     for family in cls.families:
@@ -120,6 +122,10 @@ def test_method_entry(name, tmp_path):
                 low = method.sample(cond, generator=torch.Generator().manual_seed(5))
             assert low.data.shape == out.data.shape and low.data.is_floating_point() == out.data.is_floating_point()
             assert low.data.float().isfinite().all()  # (the runner spools floating samples in float32)
+            # the cost mode's stand-in (random weights where `fit` trains or reads) samples without a fit
+            standing = cls(teacher, fast)
+            standing.stand_in()
+            assert standing.sample(cond, generator=torch.Generator().manual_seed(5)).data.shape == out.data.shape
             # What a dry run plans is what the method counts: its declared passes bound (or equal) its NFE.
             length = len(teacher.patch_nums) if family == multiscale_vq.FAMILY else getattr(teacher, "seq_len", 0)
             planned = cls.passes(fast, family, length)["method"]

@@ -46,12 +46,12 @@ def test_pairs_are_a_function_of_the_noise(fitted):
     teacher, method, cache, _ = fitted
     assert generate_pairs(teacher, method.config.sampling, method.config.pairs, cache=cache).noise is None
     pairs = generate_pairs(teacher, method.config.sampling, method.config.pairs, cache=cache, noise=True)  # drawn again
-    assert pairs.info["cached"] and pairs.noise.shape == (512, teacher.seq_len, 4)
-    assert pairs.noise.dtype == torch.float32
+    noise = pairs.noise.read("noise", torch.arange(512))
+    assert pairs.info["cached"] and noise.shape == (512, teacher.seq_len, 4) and noise.dtype == torch.float32
     assert pairs.tokens.shape == (512, teacher.seq_len) and pairs.tokens.dtype == torch.long
     assert pairs.cond.shape == (512, 2) and pairs.info["n_pairs"] == 512
     batch = PairConfig().batch  # the first generation batch, remapped exactly as it was generated
-    again = map_noise(teacher, pairs.noise[:batch], pairs.cond[:batch], S, FlowConfig())
+    again = map_noise(teacher, noise[:batch], pairs.cond[:batch], S, FlowConfig())
     assert torch.equal(again, pairs.tokens[:batch])
 
 

@@ -103,10 +103,11 @@ class TwoTokenToy:
 def test_two_token_toy_pairs_are_valid_and_onestep_star_is_not(tmp_path):
     toy, s = TwoTokenToy(), ar_token.SamplingConfig()
     pairs = generate_pairs(toy, s, PairConfig(n_pairs=2000, batch=500), cache=Cache(tmp_path), noise=True)
-    assert pairs.tokens.shape == (2000, 2) and pairs.noise.shape == (2000, 2, 4)
+    noise = pairs.noise.read("noise", torch.arange(500, 1000))  # the second generation batch
+    assert pairs.tokens.shape == (2000, 2) and pairs.noise.n == 2000 and noise.shape == (500, 2, 4)
     assert (pairs.tokens[:, 0] == pairs.tokens[:, 1]).all()  # 100 % valid
     assert 0.45 < pairs.tokens[:, 0].float().mean() < 0.55
-    assert torch.equal(map_noise(toy, pairs.noise[:500], pairs.cond[:500], s, FlowConfig()), pairs.tokens[:500])
+    assert torch.equal(map_noise(toy, noise, pairs.cond[500:1000], s, FlowConfig()), pairs.tokens[500:1000])
 
     method = OneStep(toy, OneStepConfig(n_pairs=2000))
     method.fit(cache=Cache(tmp_path), checkpoints=NO_CHECKPOINTS)

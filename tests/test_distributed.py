@@ -16,6 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from core import precision
+from core.cache import Cache
 from cli import main
 from core.errors import UserError
 from core.spool import SPOOL_DIR, Batch, claim, resumable
@@ -26,8 +27,8 @@ from tests.fakes import NO_CHECKPOINTS
 ROOT = Path(__file__).resolve().parent.parent
 
 # One trial per family, each on a tiny registered teacher (tests/tiny_recipes.py), small enough for a test: an odd
-# number of batches, so rank 0 draws one more than rank 1. `dd` trains (pairs and a student): rank 0 alone must;
-# `ard` with `ddp` trains on both ranks at once.
+# number of batches, so rank 0 draws one more than rank 1. `dd` and `ard` with `ddp` train on both ranks at once
+# (their training data too: `dd`'s pairs, `ard`'s trajectories, split over the ranks).
 SUITE = {
     "experiment": "ddp",
     "defaults": {"n_samples": 6, "batch_size": 2},
@@ -35,15 +36,15 @@ SUITE = {
         {"teacher": "digits-ar-t2i", "method": "sjd", "params": {"window": 4}, "batch_size": 1, "n_samples": 5,
          "metrics": ["fid"]},
         {"teacher": "digits-ar-c2i", "method": "dd", "params": {"n_pairs": 64, "train_steps": 3, "batch": 16,
-                                                                "solver_steps": 3}},
+                                                                "solver_steps": 3, "ddp": True}},
         {"teacher": "digits-mar-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
         {"teacher": "digits-mar-masked-c2i", "method": "cspd", "params": {"gamma": 2, "steps": 4}},
         {"teacher": "digits-var-c2i", "method": "ar", "metrics": ["fid"]},
         {"teacher": "digits-dit-c2i", "method": "ddim", "params": {"steps": 3}, "dtype": "bf16"},
-        # trained with DDP on both ranks: rank 1 samples with its own replica, equal to rank 0's cached one only if
-        # the ranks' gradients were averaged
+        # trained with DDP on both ranks (as `dd` above): rank 1 samples with its own replica, equal to rank 0's
+        # cached one only if the ranks' gradients were averaged; 600 trajectories: shard 0 made by rank 0, 1 by rank 1
         {"teacher": "digits-dit-c2i", "method": "ard", "params": {"ddp": True, "steps": 8, "student_steps": 2,
-                                                                 "n_traj": 16, "train_steps": 3, "batch": 4}},
+                                                                 "n_traj": 600, "train_steps": 3, "batch": 4}},
         {"teacher": "wordnet-mdlm", "method": "mdlm", "params": {"steps": 4}, "metrics": ["entropy"]},
     ],
 }
@@ -106,6 +107,47 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, tiny_recipe):
     assert not [p for p in (cache / SPOOL_DIR).iterdir() if p.is_dir()]  # logged runs leave no spool
 
 
+def test_dd_trained_with_ddp_on_two_ranks_equals_the_one_process_student(tmp_path, tiny_recipe):
+    """DDP's average of the ranks' gradients, each rank's loss its share over the global batch's target count: the
+    one-process loss of the global batch, so two ranks train the student one process trains (to float rounding)."""
+    dd = ["run", "--teacher", "digits-ar-c2i", "--method", "dd", "--n-samples", "2", "--no-progress", "--warmup",
+          "0", "--threads", "1", *(a for k in ("n_pairs=600", "train_steps=4", "batch=16", "solver_steps=3")
+                                   for a in ("--param", k))]  # 3 generation batches of pairs: 2 on rank 0, 1 on rank 1
+    done = subprocess.run(_cli(*dd, "--param", "ddp=true", "--cache-dir", str(tmp_path / "two"), "--tracking-uri",
+                               f"sqlite:///{tmp_path}/two.db", nproc=2),
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*dd, "--cache-dir", str(tmp_path / "one"), "--tracking-uri", f"sqlite:///{tmp_path}/one.db"]) == 0
+    (two,), (one,) = ([Cache(tmp_path / c).load("dd-students", p.stem)
+                       for p in (tmp_path / c / "dd-students").glob("*.pt")] for c in ("two", "one"))
+    (two_pairs,), (one_pairs,) = ([Cache(tmp_path / c).load("dd-pairs", p.stem)
+                                   for p in (tmp_path / c / "dd-pairs").glob("*.pt")] for c in ("two", "one"))
+    assert torch.equal(two_pairs["tokens"], one_pairs["tokens"])
+    assert not any((tmp_path / "two" / "dd-pairs-parts").iterdir())  # the ranks' parts, gathered, are gone
+    assert two["state_dict"].keys() == one["state_dict"].keys()
+    for name, weight in one["state_dict"].items():
+        torch.testing.assert_close(two["state_dict"][name], weight, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_sdtt_distilled_with_ddp_leaves_every_rank_the_student_rank_0_caches(tmp_path, tiny_recipe):
+    """Each rank distils on its own share of the global batch; with the gradients averaged every replica stays the
+    same. The first run's rank 1 samples its batch with its own replica, the second run's with rank 0's cached one:
+    the samples match only if the replicas did (lr 0.3: replicas left apart would sample other tokens; at 0.01 they
+    did not, measured)."""
+    sdtt = ["run", "--teacher", "wordnet-mdlm", "--method", "sdtt", "--n-samples", "2", "--no-progress", "--warmup",
+            "0", "--threads", "1", "--cache-dir", str(tmp_path / "cache"), "--tracking-uri",
+            f"sqlite:///{tmp_path}/m.db", *(a for k in ("ddp=true", "steps=4", "rounds=1", "iters_per_round=3",
+                                                        "batch=4", "lr=0.3", "ar_arm=false") for a in ("--param", k))]
+    for _ in range(2):
+        done = subprocess.run(_cli(*sdtt, nproc=2), env=_env(), capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    first, second = sorted(client.search_runs([client.get_experiment_by_name("accelbench").experiment_id]),
+                           key=lambda r: r.info.start_time)
+    assert (first.data.metrics["fit/student_cached"], second.data.metrics["fit/student_cached"]) == (0.0, 1.0)
+    assert first.data.tags["samples_sha256.method"] == second.data.tags["samples_sha256.method"]
+
+
 def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_recipe, capsys):
     cache = tmp_path / "cache"
     trial = ["run", "--teacher", "digits-ar-c2i", "--method", "ar", "--n-samples", "400", "--batch-size", "4",
@@ -115,7 +157,7 @@ def test_sigkilled_trial_resumes_to_the_uninterrupted_numbers(tmp_path, tiny_rec
                             stderr=subprocess.PIPE, text=True)
     spooled = cache / SPOOL_DIR
     deadline = time.monotonic() + 300
-    while len(list(spooled.glob("*/ref/*.pt"))) < 20:  # mid-way: 20 of 100 batches of the second arm
+    while len(list(spooled.glob("*/method/*.pt"))) < 20:  # mid-way: 20 of 100 batches (`ar`: its one arm)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the trial did not reach its 20th batch"
         time.sleep(0.02)
@@ -185,7 +227,7 @@ def test_a_trial_run_twice_at_once_samples_into_a_private_spool(tmp_path, capsys
     assert resumable(tmp_path) == []
 
 
-def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
+def test_numerics_and_device_options_reach_the_trial_and_a_suites_trials(tmp_path):
     from cli import build_parser, options
     from cli.trials import _trial_from_args
     from bench.suite import load_suite
@@ -200,10 +242,12 @@ def test_numerics_options_reach_the_trial_and_a_suites_trials(tmp_path):
     suite.write_text(yaml.safe_dump({"experiment": "e", "defaults": {"dtype": "bf16"}, "trials": [
         {"teacher": "digits-dit-c2i", "method": "ddim"},
         {"teacher": "digits-dit-c2i", "method": "ddim", "tf32": True}]}))
-    kept = options.numerics(parser.parse_args(["suite", str(suite)]))
-    kept_plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, numerics=kept).plans
+    kept = options.suite_fields(parser.parse_args(["suite", str(suite)]))
+    kept_plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, fields=kept).plans
     assert kept == {} and [p.trial.dtype for p in kept_plans] == ["bf16", "bf16"]
-    forced = options.numerics(parser.parse_args(["suite", str(suite), "--dtype", "fp32", "--no-compile"]))
-    plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, numerics=forced).plans
+    forced = options.suite_fields(parser.parse_args(["suite", str(suite), "--dtype", "fp32", "--no-compile",
+                                                     "--device", "cpu"]))
+    plans = load_suite(str(suite), checkpoints=NO_CHECKPOINTS, fields=forced).plans
     assert [(p.trial.dtype, p.trial.tf32, p.trial.compile) for p in plans] == [("fp32", False, False),
                                                                                 ("fp32", True, False)]
+    assert all(p.trial.device == "cpu" and p.device.type == "cpu" for p in plans)

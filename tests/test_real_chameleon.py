@@ -12,7 +12,7 @@ from core.config import build_config
 from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
 from teachers.families import ar_token
 from teachers.pretrained.chameleon import END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, size_token
-from tests.fakes import refused_by_the_cli, ar_methods_through_the_cli
+from tests.fakes import ar_methods_through_the_cli, listed_entries, refused_by_the_cli
 from tests.fakes_chameleon import CHAMELEON_PROMPTS, TinyAnole, TinyLumina, TinyLuminaHF, tiny_chameleon_teacher
 from tests.test_real_emu3 import support_law
 from tests.test_sjd import chi_square_p
@@ -231,6 +231,6 @@ def test_missing_files_are_one_line_and_listed(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ACCELBENCH_CHECKPOINTS", str(tmp_path))
     assert cli.main(["list"]) == 0
     listing = capsys.readouterr().out
+    entries = listed_entries(listing)
     for name in ("lumina-mgpt-7b-512", "lumina-mgpt-7b-1024", "anole-7b"):
-        line = next(x for x in listing.splitlines() if x.strip().startswith(name))
-        assert "unavailable: missing" in line
+        assert "unavailable: missing" in entries[name]

@@ -131,8 +131,9 @@ def test_missing_files_are_one_line_naming_them_the_option_and_the_source(tmp_pa
 
     folder = tmp_path / "ckpts"
     assert cli.main(["list", "--checkpoints", str(folder)]) == 0
-    listed = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("dit-xl-2-256 ")]
-    assert len(listed) == 1 and f"missing {folder}/DiT-XL-2-256x256.pt" in listed[0]
+    from tests.fakes import listed_entries
+
+    assert f"missing {folder}/DiT-XL-2-256x256.pt" in listed_entries(capsys.readouterr().out)["dit-xl-2-256"]
     args = ["run", "--teacher", "dit-xl-2-512", "--method", "ard", "--checkpoints", str(folder),
             "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", "--cache-dir", str(tmp_path / "cache")]
     assert cli.main(args) == 2

@@ -38,10 +38,11 @@ def _noise(record) -> TokenNoise:
     return TokenNoise(record["noise"], record["inter_noise"].flip(2))
 
 
-def _close(ours, theirs, rel=2e-3):
+def _close(ours, theirs, rel=2e-2):
     """Relative closeness. The fixture's random heads make tokens of ~1e4 (x_0 at t = 999 amplifies eps by 2e4); a
-    z that agrees with float64 to 1e-7 gives tokens ~5e-4 apart (measured) from the official float32 rounding,
-    while a wrong known set, order or noise index moves them by O(1)."""
+    z that agrees with float64 to 1e-7 gives tokens up to 7e-3 apart, relative (measured: 5e-4 on an AMD EPYC, 7.0e-3
+    on an Intel Xeon, whose BLAS rounds float32 otherwise), while a wrong known set, order or noise index moves them
+    by O(1) relative."""
     return bool(((ours - theirs).abs() <= rel * (1 + theirs.abs())).all())
 
 
@@ -54,7 +55,8 @@ def test_encoder_decoder_and_head_are_the_official_ones(fixture, target):
     assert (target.condition(e["tokens"], known, cond, guided=False)[:, :, 0] - e["z_uncfg"]).abs().max() <= 1e-5
     with torch.no_grad():
         eps, v = target.network.head(h["x"], h["t"], h["c"])
-    assert (torch.cat([eps, v], -1) - h["out"]).abs().max() <= 1e-5
+    # 1.8e-5 on values up to 6 on an Intel Xeon's BLAS (float32 rounding of the head's MLP), 1e-5 on an AMD EPYC
+    assert (torch.cat([eps, v], -1) - h["out"]).abs().max() <= 5e-5
 
 
 def test_rows_with_different_known_sets_in_one_batch_are_each_the_official_computation(fixture, target):

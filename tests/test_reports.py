@@ -14,7 +14,7 @@ REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"
 
 
 def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False,
-              batch=None, extra_tags=None):
+              batch=None, extra_tags=None, extra_metrics=None):
     """A trial run as the runner logs it (knobs under their own names, listed in a tag), or, `legacy`, as runs before
     that did (knobs as "params.<knob>")."""
     tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
@@ -29,7 +29,7 @@ def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, re
               **{f"ref.{k}": v for k, v in REF_KNOBS.items()}, **({"batch_size": batch} if batch else {})}
     metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
                "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
-               "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe}
+               "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe, **(extra_metrics or {})}
     if fid is not None:
         metrics.update({"fid.digits-cnn": fid, "ref/fid.digits-cnn": ref_fid})
         tags["higher_is_better.fid.digits-cnn"] = "false"
@@ -70,6 +70,21 @@ def row(text, first_cell):
     return next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
 
 
+def test_a_noisy_wall_speed_up_is_flagged_and_the_flops_speed_up_shown(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper")
+    log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=32.0,
+              extra_metrics={"speedup_wall_noisy": 1.0, "speedup_flops": 1.8})
+    log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False"}, ms=40.0, ref_ms=40.0, nfe=60.0,
+              extra_metrics={"speedup_wall_noisy": 0.0, "speedup_flops": 1.1})
+    text = report(uri, tmp_path / "out")
+    sjd, jacobi = ([c.strip() for c in row(text, m).split("|")[1:-1]] for m in ("sjd", "jacobi"))
+    assert sjd[8] == "2.00× ⚠" and sjd[10] == "1.80×"
+    assert jacobi[8] == "1.00×" and jacobi[10] == "1.10×"
+    assert "⚠ after a wall speed-up" in text
+
+
 def test_table_cells_and_arithmetic(store, tmp_path):
     text = report(store, tmp_path / "a")
     header = next(line for line in text.splitlines() if line.startswith("| method |"))
@@ -81,12 +96,13 @@ def test_table_cells_and_arithmetic(store, tmp_path):
     assert sjd[7] == "21.67 ± 2.89"  # ms / sample of 20, 25, 20
     assert sjd[8] == "1.93× ± 0.31"  # mean and std of the in-run ratios 40/20, 40/25, 44/20
     assert sjd[9] == "2.01× ± 0.13"  # of 64/30, 64/32, 64/34
-    assert sjd[10] == "3.00 ± 1.00"
+    assert sjd[10] == ""  # these runs counted no FLOPs: no FLOPs speed-up
+    assert sjd[11] == "3.00 ± 1.00"
     teacher = [c.strip() for c in row(text, "ar (teacher)").split("|")[1:-1]]
     # Seed 0 has two runs (sjd, jacobi); its timing comes from the first (jacobi), its FID from the one with FID.
-    assert teacher[3:] == ["1", "100", "3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "2.60 ± 0.17"]
+    assert teacher[3:] == ["1", "100", "3", "64.0 ± 0.0", "41.33 ± 2.31", "1.00×", "1.00×", "1.00×", "2.60 ± 0.17"]
     jacobi = [c.strip() for c in row(text, "jacobi").split("|")[1:-1]]
-    assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", ""]  # one seed: no ±; no FID: blank
+    assert jacobi[3:] == ["1", "100", "1", "60.0", "40.00", "1.00×", "1.07×", "", ""]  # one seed: no ±; no FID
     assert "Blank cells: the metric was not computed" in text
     assert ("unavailable where it ran, so not computed: `hpsv2` (hpsv2: no checkpoint; set "
             "ACCELBENCH_HPSV2_CHECKPOINT)") in text and "HPSV2" not in header
@@ -100,9 +116,13 @@ def test_regeneration_is_byte_identical(store, tmp_path):
     assert (tmp_path / "a" / "acceptance_digits-ar-t2i.png").exists()
 
 
-def test_filter_selects_runs(store, tmp_path):
+def test_filter_selects_runs(store, tmp_path, capsys):
     text = report(store, tmp_path / "a", "--filter", "params.method = 'jacobi'")
     assert "| jacobi |" in text and "| sjd |" not in text
+    assert main(["report", "--experiment", "paper", "--tracking-uri", store, "--out", str(tmp_path / "b"),
+                 "--filter", "params.window ==="]) == 2
+    err = capsys.readouterr().err
+    assert "--filter 'params.window ===': Invalid clause(s)" in err and len(err.strip().splitlines()) == 1
 
 
 def test_pareto_front():

@@ -234,5 +234,7 @@ def test_the_prompted_teachers_webtext_file_is_listed_and_required(tmp_path, cap
 def test_list_names_the_student_knob(capsys):
     import cli
 
+    from tests.fakes import listed_entries
+
     assert cli.main(["list"]) == 0
-    assert "released SDTT student (`student=<folder>`)" in capsys.readouterr().out
+    assert "released SDTT student (`student=<folder>`)" in listed_entries(capsys.readouterr().out)["sdtt"]

@@ -66,3 +66,49 @@ def test_every_shipped_suite_and_study_spec_validates():
         assert load_suite(str(path), checkpoints=NO_CHECKPOINTS).plans, path
     for path in specs:
         assert load_spec(str(path), checkpoints=NO_CHECKPOINTS).objectives, path
+
+
+def test_a_suite_draws_its_shared_reference_arm_once(plugin, tmp_path, monkeypatch):
+    """Three trials on one teacher under the same reference settings, timed under the latency protocol at batch 2:
+    `ar` (teacher-only: its one arm is the reference draws, drawn once), then `sjd` at two windows, which read those
+    draws from the cache instead of drawing them. Counted: the rows the teacher's sampler starts. The reference
+    arm's figures equal those of a trial that draws its own (a fresh cache: nothing to read)."""
+    from bench import cost
+    from core.registry import TEACHERS
+
+    teacher_cls, rows = TEACHERS.get("table-ar"), []
+    start = teacher_cls.start
+    monkeypatch.setattr(teacher_cls, "start",
+                        lambda self, cond, **kw: rows.append(len(cond)) or start(self, cond, **kw))
+    monkeypatch.setattr(cost, "_COUNTED", {})  # FLOPs are counted on one sample per sampler, once per process
+    suite = {"experiment": "shared", "defaults": {"teacher": "table-ar", "n_samples": 20, "batch_size": 2,
+                                                  "latency_batch": 2},
+             "trials": [{"method": "ar"}, {"method": "sjd", "params": {"window": 2}},
+                        {"method": "sjd", "params": {"window": 3}}]}
+    protocol = ["--latency-warmup", "0", "--latency-min-count", "1", "--latency-min-seconds", "0"]
+    assert run(tmp_path, tmp_path / "cache", write(tmp_path, suite), *protocol) == 0
+    # ar: 20 drawn, 1 counted, its arm timed once at batch 2; each sjd: its 20, 1 counted, the reference read, both
+    # arms timed once; the reference sampler counted once (the first sjd). Drawing the reference again: 2 x 20 more.
+    assert sum(rows) == (20 + 1 + 2) + (20 + 1 + 1 + 2 * 2) + (20 + 1 + 2 * 2)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    ar, w2, w3 = sorted(client.search_runs([client.get_experiment_by_name("shared").experiment_id]),
+                        key=lambda r: r.info.start_time)
+    assert [r.data.tags["reference_read"] for r in (ar, w2, w3)] == ["false", "true", "true"]
+    assert ar.data.tags["samples_sha256.method"] == ar.data.tags["samples_sha256.ref"] == \
+        w2.data.tags["samples_sha256.ref"] == w3.data.tags["samples_sha256.ref"]
+    assert ar.data.metrics["speedup_wall"] == 1.0 and "latency_per_sample_median" in w2.data.metrics
+    own = {k: v for k, v in ar.data.metrics.items() if "/" not in k and f"ref/{k}" in ar.data.metrics}
+    assert own and all(ar.data.metrics[f"ref/{k}"] == v for k, v in own.items())
+
+    store = f"sqlite:///{tmp_path}/fresh.db"  # sharing off: the second trial alone, on a fresh cache
+    assert main(["run", "--teacher", "table-ar", "--method", "sjd", "--param", "window=2", "--n-samples", "20",
+                 "--batch-size", "2", "--latency-batch", "2", "--tracking-uri", store, "--cache-dir",
+                 str(tmp_path / "fresh"), "--warmup", "0", "--no-progress", *protocol]) == 0
+    fresh_client = MlflowClient(store)
+    (fresh,) = fresh_client.search_runs([fresh_client.get_experiment_by_name("accelbench").experiment_id])
+    assert fresh.data.tags["reference_read"] == "false"
+    assert fresh.data.tags["samples_sha256.ref"] == w2.data.tags["samples_sha256.ref"]
+    untimed = {k for k in fresh.data.metrics if k.startswith("ref/") and not any(
+        m in k for m in ("sec_per", "samples_per_sec", "latency", "compile"))}
+    assert "ref/nfe_per_sample" in untimed
+    assert {k: fresh.data.metrics[k] for k in untimed} == {k: w2.data.metrics[k] for k in untimed}

@@ -132,7 +132,8 @@ class MultiScaleVQ(nn.Module):
         return self.decoder(self.post_quant_conv(f_hat)).clamp(-1, 1)
 
     def decode_codes(self, idx: list[torch.Tensor]) -> torch.Tensor:
-        """The codes of every scale -> the image, (B, 3, H, W) in [-1, 1]."""
+        """The codes of every scale -> the image, (B, 3, H, W) in [-1, 1]. The map is rebuilt from the codes rather
+        than kept from sampling: 6-12 ms against 6-7 s for the decoder on one CPU thread (VAR-d16's VAE, measured)."""
         B, P = idx[0].shape[0], self.cfg.patch_nums[-1]
         f_hat = torch.zeros(B, self.cfg.Cvae, P, P, device=idx[0].device)
         for si, codes in enumerate(idx):

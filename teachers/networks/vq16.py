@@ -1,7 +1,9 @@
 """The decoding half of LlamaGen's VQ-16 image tokenizer (Sun et al., arXiv:2406.06525; FoundationVision/LlamaGen
 `tokenizer/tokenizer_image/vq_model.py`), in the official parameter names: codes -> L2-normalised code vectors ->
 `post_quant_conv` -> a convolutional decoder (GroupNorm 32, swish, nearest-neighbour upsampling, self-attention at the
-deepest level) -> an image in [-1, 1]. docs/checkpoints.md, 'LlamaGen class-to-image'.
+deepest level) -> an image in [-1, 1]. docs/checkpoints.md, 'LlamaGen class-to-image'. Swish is torch's fused
+`F.silu` in place, as VAR's decoder writes it; LlamaGen's, MAR's and taming's write x * sigmoid(x), which rounds
+differently (1e-5 here) and ran slower (benchmarks/decoder_speed.py).
 
 The released `vq_ds16_c2i.pt` also holds the encoder, `quant_conv` and the codebook-usage counter, which decoding never
 reads: `load_decoder_state` drops exactly those (an allow-list; trap T2) and loads the rest strictly.
@@ -35,10 +37,6 @@ def _norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(32, channels, eps=1e-6)
 
 
-def _swish(x):  # as the official code writes it: F.silu's fused kernel rounds differently
-    return x * torch.sigmoid(x)
-
-
 class ResnetBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int):
         super().__init__()
@@ -48,8 +46,8 @@ class ResnetBlock(nn.Module):
             self.nin_shortcut = nn.Conv2d(c_in, c_out, 1)
 
     def forward(self, x):
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(_swish(self.norm2(h)))
+        h = self.conv1(F.silu(self.norm1(x), inplace=True))
+        h = self.conv2(F.silu(self.norm2(h), inplace=True))
         return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
 
 
@@ -116,7 +114,7 @@ class LDMDecoder(nn.Module):
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
         for up in reversed(self.up):
             h = decode_level(h, up.block, up.attn, getattr(up, "upsample", None))
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 
 class Decoder(nn.Module):
@@ -143,7 +141,7 @@ class Decoder(nn.Module):
             h = block(h)
         for block in self.conv_blocks:
             h = decode_level(h, block.res, block.attn, getattr(block, "upsample", None))
-        return self.conv_out(_swish(self.norm_out(h)))
+        return self.conv_out(F.silu(self.norm_out(h), inplace=True))
 
 
 class Quantize(nn.Module):

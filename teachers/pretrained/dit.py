@@ -26,6 +26,7 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from core.rng import seeded
 from teachers.data.images import imagenet_class_names
 from teachers.families import ode_diffusion
 from teachers.networks.dit import DiT, DiTConfig, sincos_2d
@@ -149,6 +150,14 @@ class OfficialDiT(LocalFilesTeacher):
         vae = from_folder(AutoencoderKL.from_pretrained, vae_dir, local_files_only=True).eval().requires_grad_(False)
         info = {"n_params": sum(p.numel() for p in network.parameters()) + network.pos_embed.numel()}
         return cls(name, network.to(device), vae.to(device), info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "OfficialDiT":
+        """DiT-XL/2 at full size with seeded random weights, no file read and no VAE (the cost mode, `bench.cost`: a
+        denoising pass costs what it costs whatever the weights, and ARD's Table 1 times denoising only)."""
+        with seeded(0), torch.device(device):
+            network = DiT(cls.config())
+        return cls(name, network, None, {"n_params": sum(p.numel() for p in network.parameters())})
 
     # ---- the ODEDiffusionTeacher protocol -------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

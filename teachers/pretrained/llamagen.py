@@ -22,6 +22,7 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from core.rng import seeded
 from teachers.data.images import imagenet_class_names
 from teachers.families import ar_token
 from teachers.networks.llamagen import LlamaGenConfig, LlamaGenGPT, size_config
@@ -83,6 +84,14 @@ class LlamaGenC2I(LocalFilesTeacher, ar_token.GuidedNetworkTeacher):
         network, vq = cls.read_networks(name)
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "LlamaGenC2I":
+        """The GPT and the VQ-16 decoder (its codebook is DD's) at full size with seeded random weights, no file
+        read: the cost mode's (`bench.cost`)."""
+        with seeded(0), torch.device(device):
+            network, vq = LlamaGenGPT(cls.config()), VQ16Decoder(cls.vq_config())
+        return cls(name, network, vq, {"n_params": sum(p.numel() for p in network.parameters())})
 
     @classmethod
     def read_networks(cls, name: str) -> tuple[LlamaGenGPT, VQ16Decoder]:

@@ -27,6 +27,7 @@ import torch
 
 from core.cache import Cache, config_key, file_key
 from core.errors import UserError
+from core.rng import seeded
 from core.samples import Texts
 from core.training import library_bars
 from teachers.data import webtext
@@ -37,6 +38,9 @@ from teachers.pretrained.local import LocalFilesTeacher
 
 FOLDER, TOKENIZER = "mdlm-owt", "gpt2"
 PREFIX = "backbone."  # of every key in the release's safetensors
+# The release's config.json: MDLM's configs/model/small.yaml (hidden 768, cond_dim 128, 1024 positions, 12 blocks, 12
+# heads) over GPT-2's 50,257 tokens and the mask; 169,627,250 values (tests/fixtures/mdlm/mdlm_owt_keys.json).
+SMALL = MDLMDiTConfig(vocab_size=50258, hidden_size=768, cond_dim=128, length=1024, n_blocks=12, n_heads=12)
 TRAIN_TOKENS = 1 << 24  # ~16.8 M tokens (16,384 chunks of 1024) of WebText's train file for `sdtt`
 VERSION = 1  # bump when a change alters what the same files give
 
@@ -112,6 +116,14 @@ class MDLMOWT(LocalFilesTeacher):
                             f"{network.cfg.vocab_size - 1} and MASK")
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), tokenizer, info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "MDLMOWT":
+        """The release's network (`SMALL`) at full size with seeded random weights, no file read and no tokenizer:
+        the cost mode's (`bench.cost`)."""
+        with seeded(0), torch.device(device):
+            network = MDLMDiT(SMALL)
+        return cls(name, network, None, {"n_params": sum(p.numel() for p in network.parameters())})
 
     # ---- the MaskedDiffusionLM protocol ---------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from core.rng import seeded
 from teachers.data.images import imagenet_class_names
 from teachers.families import multiscale_vq
 from teachers.networks.msvq import MSVQConfig, MultiScaleVQ, load_decoder_state
@@ -80,6 +81,14 @@ class VARC2I(LocalFilesTeacher, multiscale_vq.NetworkTeacher):
                             f"{mismatch(exc)}") from None
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network.to(device), vq.to(device), info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "VARC2I":
+        """The transformer and the multi-scale VQ-VAE (its quantiser's residual convolutions run between scales) at
+        full size with seeded random weights, no file read: the cost mode's (`bench.cost`)."""
+        with seeded(0), torch.device(device):
+            network, vq = VAR(cls.config()), MultiScaleVQ(cls.vq_config())
+        return cls(name, network, vq, {"n_params": sum(p.numel() for p in network.parameters())})
 
     # ---- the MultiScaleTeacher protocol (start, next_scale, decode: `multiscale_vq.NetworkTeacher`) ------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

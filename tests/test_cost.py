@@ -1,0 +1,177 @@
+"""The cost mode (`bench.cost`, `accelbench ... --cost`): FLOPs equal a hand count, parameters are those read, real
+architectures counted at full size on the meta device, and the CLI end to end (a cost run in MLflow, COST.md)."""
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import cli
+from bench import cost
+from bench.plan import plan
+from core import files
+from core.trial import Trial
+from teachers.networks.dit import DiT, DiTConfig
+from teachers.networks.gpt import GPT, GPTConfig
+
+
+def test_flops_of_a_tiny_dit_equal_a_hand_count():
+    c = DiTConfig(image_size=8, channels=2, patch=2, hidden=32, depth=2, heads=4, n_classes=5)
+    net, B = DiT(c).eval(), 3
+    x, t, y = torch.randn(B, 2, 8, 8), torch.randint(1000, (B,)), torch.randint(5, (B,))
+    flops, read, _ = cost.counted(lambda: net(x, t, y))
+    L, d, pc = c.tokens, c.hidden, c.patch * c.patch
+    macs = (L * pc * c.channels * d  # patch embedding
+            + 256 * d + d * d  # timestep MLP (the label embedding is a lookup)
+            + c.depth * (d * 6 * d + L * d * 3 * d + 2 * L * L * d + L * d * d + 2 * L * d * 4 * d)  # blocks
+            + d * 2 * d + L * d * pc * c.out_channels)  # final adaLN and linear
+    assert flops == 2 * B * macs  # the counter counts a multiply-add as 2 FLOPs
+    assert {id(p) for p in net.parameters()} <= read
+
+
+def test_flops_of_a_tiny_gpt_equal_a_hand_count():
+    c = GPTConfig(vocab_size=17, cond_vocab=4, cond_len=2, seq_len=6, n_layer=3, n_head=2, n_embd=16)
+    net, B = GPT(c).eval(), 2
+    cond, tokens = torch.randint(4, (B, 2)), torch.randint(17, (B, 6))
+    flops, _, _ = cost.counted(lambda: net(cond, tokens))
+    T, d = c.cond_len + c.seq_len - 1, c.n_embd  # the last token is never read
+    macs = c.n_layer * (12 * T * d * d + 2 * T * T * d) + T * d * c.vocab_size
+    assert flops == 2 * B * macs
+
+
+def _planned(teacher, method, params):
+    with files.audit():  # no file needed: the cost mode builds the teacher at random
+        return plan(Trial(teacher=teacher, method=method, params=params, device="cpu"),
+                    checkpoints=Path("/nonexistent"))
+
+
+def test_dit_xl2_counted_at_full_size_on_the_meta_device():
+    """ARD Table 1: 118.6 GFLOPs a DiT-XL/2 forward, twice with CFG; DiT-XL/2 675 M parameters."""
+    arms = cost.count(_planned("dit-xl-2-256", "ddim", {"steps": 1, "cfg": 1.5}), cache=None)
+    a = arms["method"]
+    assert a.nfe == 1 and a.macs / 1e9 == pytest.approx(237.2, rel=1e-3)
+    assert a.params == {"DiT": 674_834_720} and "meta" in a.how
+
+
+def test_var_d16_and_its_released_dd_student_counted_on_the_meta_device():
+    """DD Table 1's #Para: VAR-d16 310M; VAR-d16-DD 327M in the paper, 328.2M in the released architecture (its
+    depth + 1 = 17 data/noise projections of 1024 x 1024 over VAR-d16's 310.3M; 16 of them would give 327.1M)."""
+    arms = cost.count(_planned("var-d16", "dd", {"student": "VAR-DD/var-d16.pth", "steps": 1}), cache=None)
+    assert arms["ref"].nfe == 10 and arms["method"].nfe == 1
+    assert round(arms["ref"].params["VAR"], -6) == 310e6
+    assert arms["method"].params == {"ReleasedVARDD": 328_165_664}
+    assert arms["method"].macs < arms["ref"].macs
+
+
+def test_an_arm_that_cannot_run_on_meta_says_why():
+    p = _planned("llamagen-b-256", "sjd", {})
+    teacher, arms = cost.build(p, torch.device("meta"), cache=None)
+    sjd = cost.count_arms(p, teacher, {"method": arms["method"]}, torch.device("meta"), "")["method"]
+    assert sjd.flops is None and sjd.how.startswith("not counted: its passes depend on what it draws")
+
+
+def test_cost_mode_end_to_end(tiny_recipe, tmp_path, capsys):
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--out",
+              str(tmp_path / "out"), "--teacher", "digits-dit-c2i", "--cost", "--latency", "--latency-warmup", "2",
+              "--latency-min-count", "3", "--latency-min-seconds", "0"]
+    assert cli.main(["run", *common, "--method", "ard", "--param", "steps=8"]) == 0
+    assert cli.main(["run", *common, "--method", "ddim", "--param", "steps=4"]) == 0
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id],
+                              "tags.`accelbench.kind` = 'cost'")
+    by_method = {r.data.params["method"]: r for r in runs}
+    ard, ddim = by_method["ard"].data.metrics, by_method["ddim"].data.metrics
+    assert ard["nfe_per_sample"] == 4 and ard["ref/nfe_per_sample"] == 8 and ddim["nfe_per_sample"] == 4
+    # the reference arm's 8 DDIM steps cost exactly twice the 4-step DDIM's
+    assert ard["ref/gflops_per_sample"] == pytest.approx(2 * ddim["gflops_per_sample"], rel=1e-12)
+    assert ard["gmacs_per_sample"] == ard["gflops_per_sample"] / 2
+    assert ard["params"] > 0 and ard["latency_count"] >= 3 and ard["ref/latency_count"] >= 3
+    assert "ard" in (tmp_path / "out" / "COST.md").read_text()
+    assert "| digits-dit-c2i | ddim |" in capsys.readouterr().out
+
+
+def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_path, capsys):
+    """`--cost --record` writes each timed arm's per-pass cost at its batch; the dry run then prices the teacher and
+    the method arms in exactly the ratio the cost mode measured, and prints it."""
+    from bench.dryrun import costs, estimate
+
+    folder, store = tmp_path / "costs", f"sqlite:///{tmp_path}/mlflow.db"
+    trial = ["--teacher", "digits-dit-c2i", "--method", "ard", "--param", "steps=8"]
+    assert cli.main(["run", *trial, "--cost", "--record", "--costs", str(folder), "--latency-batch", "2",
+                     "--latency-warmup", "1", "--latency-min-count", "3", "--latency-min-seconds", "0",
+                     "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
+                     "--no-progress"]) == 0
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
+    m = run.data.metrics
+    entry = costs(folder)["cpu"]["digits-dit-c2i"].batches[2]
+    assert entry.seconds["step"] == pytest.approx(m["ref/latency_per_sample_median"] / 8, rel=1e-9)
+    assert entry.seconds["student_step"] == pytest.approx(m["latency_per_sample_median"] / 4, rel=1e-9)
+    assert "--record" in entry.command and run.data.tags["cost.recorded"] == ("ref: step at batch 2, "
+                                                                              "method: student_step at batch 2")
+    capsys.readouterr()
+    dry = ["run", *trial, "--n-samples", "10", "--batch-size", "2", "--warmup", "0", "--dry-run", "--device-kind",
+           "cpu", "--costs", str(folder)]
+    assert cli.main(dry) == 0
+    out = capsys.readouterr().out
+    assert "estimated:" in out and "an upper bound)" not in out
+    with files.audit():
+        p = plan(Trial(teacher="digits-dit-c2i", method="ard", params={"steps": 8}, n_samples=10, batch_size=2),
+                 checkpoints=Path("/nonexistent"))
+    arms = {a.arm: a.seconds for a in estimate(p, 0, "cpu", folder=folder).arms}
+    assert arms["ref"] / arms["method"] == pytest.approx(
+        m["ref/latency_per_sample_median"] / m["latency_per_sample_median"], rel=1e-9)
+
+
+def test_gpu_bench_runs_on_the_cpu_at_a_reduced_size(tiny_recipe, tmp_path, monkeypatch, capsys):
+    """`make gpu-bench`'s script on a tiny suite: every row timed under the protocol, its per-pass costs recorded for
+    the dry run, the table beside the paper's numbers; a row past the budget is listed, not timed."""
+    import runpy
+
+    import yaml
+
+    from bench.dryrun import costs
+
+    suite = tmp_path / "tiny.yaml"
+    defaults = {"teacher": "digits-dit-c2i", "latency_batch": 2}
+    suite.write_text(yaml.safe_dump({"experiment": "tiny", "defaults": defaults,
+                                     "trials": [{"method": "ddim", "params": {"steps": 4},
+                                                 "paper": {"latency": 0.5, "gflops": 1.0, "source": "T1"}},
+                                                {"method": "ard", "params": {"steps": 8}}]}))
+    root = Path(__file__).resolve().parent.parent
+    argv = ["gpu_bench.py", "--suites", str(suite), "--out", str(tmp_path / "out"), "--costs", str(tmp_path / "costs"),
+            "--cache-dir", str(tmp_path / "cache"), "--warmup", "1", "--min-count", "2", "--min-seconds", "0"]
+    monkeypatch.setattr("sys.argv", argv)
+    runpy.run_path(str(root / "benchmarks" / "gpu_bench.py"), run_name="__main__")
+    text = (tmp_path / "out" / "cpu.md").read_text()
+    assert "| tiny | ddim[steps=4] digits-dit-c2i s0 | 2 |" in text and "| 500 | — | 1 |" in text
+    assert "ard" in text and "Not reached" not in text
+    assert set(costs(tmp_path / "costs")["cpu"]["digits-dit-c2i"].batches[2].seconds) == {"step", "student_step"}
+    monkeypatch.setattr("sys.argv", [*argv, "--budget", "0"])  # spent before the first row
+    runpy.run_path(str(root / "benchmarks" / "gpu_bench.py"), run_name="__main__")
+    text = (tmp_path / "out" / "cpu.md").read_text()
+    assert "Not reached within the budget (2 rows): tiny: ddim[steps=4]" in text and "| tiny |" not in text
+
+
+def test_ard_table1_gflops_rows_are_reproduced_on_the_meta_device():
+    """ARD Table 1's GFLOPs (a DiT-XL/2 forward is 118.6 GMACs, twice with CFG; ARD's history attention adds the
+    rest), every row of the suite within 1 % and its NFE equal to the Steps column, but the 250-step teacher's (500
+    forward passes of shapes, a minute here; measured by `accelbench suite suites/papers/ard-table1.yaml --cost`:
+    59,310.7 against 59,300); DiT-XL/2 675M parameters."""
+    from bench.suite import load_suite
+
+    root = Path(__file__).resolve().parent.parent
+    with files.audit():
+        plans = load_suite(str(root / "suites" / "papers" / "ard-table1.yaml"), checkpoints=Path("/nonexistent")).plans
+    checked = 0
+    for p in plans:
+        if "gflops" not in p.paper or p.paper["nfe"] == 250:
+            continue
+        a = cost.count(p, cache=None)["method"]
+        assert a.macs / 1e9 == pytest.approx(p.paper["gflops"], rel=0.01), p.paper["source"]
+        assert a.nfe == p.paper["nfe"]
+        checked += 1
+        if p.trial.method == "ddim":
+            assert round(sum(a.params.values()), -6) == 675e6
+    assert checked == 10
