@@ -4,7 +4,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test zoo gpu-wheels gpu-check gpu-bench clean-venv
+.PHONY: demo test docs zoo gpu-wheels gpu-check gpu-bench clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml
 # ARD 10.20+-0.18 vs 10.03+-0.09, SDTT 8.20+-0.29 vs 7.10+-0.54, 3 warm-ups 8.12+-0.12). Both are logged as run params.
 demo: $(STAMP)
 	$(VENV)/bin/accelbench suite suites/default.yaml --no-progress --threads 2 --warmup 1
+
+# The documentation site (mkdocs.yml, MkDocs + Material): docs/ and the pages scripts/docs_reference.py generates
+# (the registry reference, the architecture page) into site/, with --strict: a broken link or anchor fails it.
+# `make test` builds it too (tests/test_docs_site.py). The two variables silence a banner about MkDocs 2.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
 
 # The model zoo (zoo/): every teacher and student the demo needs, trained from scratch by the project's own recipes.
 zoo: $(STAMP)

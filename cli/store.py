@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
+from pathlib import Path
 
 from cli import options
 
@@ -31,7 +33,17 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
+@dataclass(frozen=True)
+class Listed:
+    """One registry entry as `accelbench list` and the docs' reference page (docs/gen_reference.py) show it."""
+    name: str
+    text: str  # the kind in brackets or parentheses, then the docstring's first paragraph
+    knobs: str = ""  # a method's own knobs with their defaults
+
+
+def registry_listing(checkpoints: Path | None) -> dict[str, list[Listed]]:
+    """Every registered teacher, method and metric by section, from the registries and the docstrings alone. With a
+    checkpoints folder, a teacher made of local files says which of them it lacks there."""
     from core.config import config_dict, knobs
     from core.registry import METHODS, METRICS, TEACHERS
     from teachers import teacher_class
@@ -40,21 +52,16 @@ def cmd_list(args) -> int:
         """The docstring's first paragraph: its first line alone may end mid-sentence where the source wraps."""
         return " ".join((obj.__doc__ or "").strip().split("\n\n")[0].split())
 
-    def entry(name: str, text: str) -> None:
-        print(textwrap.fill(text, LIST_WIDTH, initial_indent=f"  {name:<22} ", subsequent_indent=" " * 25,
-                            break_long_words=False, break_on_hyphens=False))
-
-    print("teachers:")
+    teachers = []
     for name in TEACHERS.names():
-        cls = teacher_class(name, args.checkpoints)
-        missing = getattr(cls, "unavailable", lambda: None)()
+        cls = teacher_class(name, checkpoints or Path("."))
+        missing = getattr(cls, "unavailable", lambda: None)() if checkpoints is not None else None
         note = f" (unavailable: {missing})" if missing else ""
-        entry(name, f"[{cls.family}, {cls.modality}] {doc(cls)}{note}")
+        teachers.append(Listed(name, f"[{cls.family}, {cls.modality}] {doc(cls)}{note}"))
     for prefix in TEACHERS.prefixes():  # a family of names: its factory's documentation
-        entry(prefix + "<folder>", doc(TEACHERS.get(prefix + "_")))
-    print("methods (knobs with their defaults; every method also takes its family's sampling settings):")
+        teachers.append(Listed(prefix + "<folder>", doc(TEACHERS.get(prefix + "_"))))
+    methods = []
     for name, cls in METHODS.items():
-        entry(name, f"families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}")
         own = {}
         for family in cls.families:
             config_cls = cls.config_class(family)
@@ -62,12 +69,26 @@ def cmd_list(args) -> int:
                 continue
             defaults = config_dict(config_cls())
             own.update({k: defaults[k] for k, (_, group) in knobs(config_cls).items() if group is None})
-        if own:
-            entry("", f"knobs: {', '.join(f'{k}={v!r}' if v == '' else f'{k}={v}' for k, v in own.items())}")
-    print("metrics:")
-    for name, cls in METRICS.items():
-        arrow = "higher is better" if cls.higher_is_better else "lower is better"
-        entry(name, f"({cls.modality}, {arrow}) {doc(cls)}")
+        methods.append(Listed(name, f"families: {', '.join(str(f) for f in cls.families)}. {doc(cls)}",
+                              ", ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in own.items())))
+    metrics = [Listed(name, f"({cls.modality}, {'higher' if cls.higher_is_better else 'lower'} is better) {doc(cls)}")
+               for name, cls in METRICS.items()]
+    return {"teachers": teachers, "methods": methods, "metrics": metrics}
+
+
+def cmd_list(args) -> int:
+    def entry(name: str, text: str) -> None:
+        print(textwrap.fill(text, LIST_WIDTH, initial_indent=f"  {name:<22} ", subsequent_indent=" " * 25,
+                            break_long_words=False, break_on_hyphens=False))
+
+    headings = {"methods": "methods (knobs with their defaults; every method also takes its family's sampling "
+                           "settings):"}
+    for section, entries in registry_listing(args.checkpoints).items():
+        print(headings.get(section, f"{section}:"))
+        for e in entries:
+            entry(e.name, e.text)
+            if e.knobs:
+                entry("", f"knobs: {e.knobs}")
     return 0
 
 

@@ -95,8 +95,8 @@ def test_a_documented_command_runs(source, command, tmp_path, monkeypatch, capsy
         assert named <= options, f"{source}: {command!r} names options {sorted(named - options)} it lacks"
         return
     argv = shlex.split(command)[1:]
-    if "trial.yaml" in argv:  # README's trial file is the YAML block after it
-        block = re.search(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    if "trial.yaml" in argv:  # the trial file is the first YAML block of the page that shows the command
+        block = re.search(r"```yaml\n(.*?)```", (ROOT / source).read_text(), re.S).group(1)
         (tmp_path / "trial.yaml").write_text(block)
         argv[argv.index("trial.yaml")] = str(tmp_path / "trial.yaml")
     store = ["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]

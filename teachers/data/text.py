@@ -1,7 +1,7 @@
 """Text corpora, their deterministic split, a byte-level BPE tokenizer (Hugging Face `tokenizers`) and MDLM-style
 packing into fixed-length chunks: the data of the text teachers (MDLM and its AR sibling, SDTT arXiv:2410.21035).
 
-Corpora that exist offline (README.md, 'Datasets'): the WordNet glosses timm ships (always installed, a
+Corpora that exist offline (docs/guide/teachers.md, 'Datasets'): the WordNet glosses timm ships (always installed, a
 dependency of open_clip), Debian's `fortunes`, and any user text file or folder (`file:<path>`). Documents are split
 into train / valid / test by a hash of their text, so adding documents never moves the existing ones. Sequences are
 packed as MDLM packs OpenWebText: documents concatenated, each followed by EOS, wrapped into rows of `seq_len`.
