@@ -16,7 +16,7 @@ import matplotlib
 from core.acceptance import rates
 from core.names import SEC_PER_SAMPLE
 from core.registry import METHODS
-from reports.tables import TrialRun, natural, quality_columns, shown_knobs
+from reports.tables import TrialRun, extra_arms, headline_quality, natural, shown_knobs
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
@@ -72,13 +72,18 @@ def _point(values: list[tuple[float, float]]) -> Point:
 
 
 def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
-    """label -> its point (ms / sample, quality, and their seed spreads); the teacher per sampling setting. Runs share
-    a label only when they differ in the seed alone (`_label`), so no point averages two settings."""
+    """label -> its point (ms / sample, quality, and their seed spreads); the teacher per sampling setting, and each
+    extra baseline arm of a method's runs as "<method's label> ↳ <arm>" (the table's `↳` rows). Runs share a label
+    only when they differ in the seed alone (`_label`), so no point averages two settings."""
     varying = sorted({k for r in runs for k, v in r.ref_knobs.items() if any(o.ref_knobs.get(k) != v for o in runs)})
     groups: dict = {}
     for r in runs:
-        if key in r.metrics:
-            groups.setdefault(_label(r, runs), []).append((1000 * r.metrics[SEC_PER_SAMPLE], r.metrics[key]))
+        label = _label(r, runs)
+        for arm in ("", *extra_arms(r.metrics)):
+            prefix = f"{arm}/" if arm else ""
+            if prefix + key in r.metrics:
+                groups.setdefault(f"{label} ↳ {arm}" if arm else label, []).append(
+                    (1000 * r.metrics[prefix + SEC_PER_SAMPLE], r.metrics[prefix + key]))
         if f"ref/{key}" in r.metrics:
             setting = "".join(f", {k}={r.ref_knobs[k]}" for k in varying)
             by_seed = groups.setdefault(f"{r.reference} (teacher{setting})", {})  # one reference arm per seed
@@ -89,11 +94,12 @@ def quality_points(runs: list[TrialRun], key: str) -> dict[str, Point]:
 
 def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
     """Quality against ms / sample, one panel per batch size: a point is only ever plotted beside the teacher sampling
-    at its own batch size (a batched sampler's time per sample says nothing about a sequential one's)."""
-    quality = quality_columns(runs)
+    at its own batch size (a batched sampler's time per sample says nothing about a sequential one's). The quality is
+    the teacher's headline metric (`headline_quality`), so the plot and the tables agree on which setting is better."""
+    quality = headline_quality(runs)
     if not quality:
         return None
-    key, higher = quality[0]
+    key, higher = quality
     sizes = sorted({r.batch_size for r in runs})
     fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
@@ -116,6 +122,8 @@ def _window_knob(method: str) -> str | None:
 
 
 def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path | None:
+    """Accepted tokens per pass against the window, a line per run group; None unless some group was run at two
+    windows or more: isolated dots show no trend, and the table's NFE and step speed-up give each setting's figure."""
     series: dict = {}
     for r in runs:
         knob = _window_knob(r.method)
@@ -123,7 +131,7 @@ def acceptance_vs_window(runs: list[TrialRun], teacher: str, out: Path) -> Path 
             continue
         label = _label(r, runs, exclude=(knob,))
         series.setdefault((label, knob), {}).setdefault(float(r.knobs[knob]), []).append(r.metrics["step_compression"])
-    if not series:
+    if all(len(by_w) < 2 for by_w in series.values()):
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for (label, knob), by_w in sorted(series.items()):

@@ -99,6 +99,20 @@ def quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
     return sorted(cols.items())
 
 
+def headline_quality(runs: list[TrialRun]) -> tuple[str, bool] | None:
+    """(metric key, higher is better) of the runs' headline quality: the first of `HEADLINE_METRICS` any run logged,
+    else the first quality column; None without any. The headline table and each teacher's quality plot both judge by
+    it, so a plot never ranks methods by a metric the tables do not lead with (entropy beside gen-PPL)."""
+    rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
+    quality = sorted(quality_columns(runs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))
+    return quality[0] if quality else None
+
+
+def extra_arms(metrics: dict) -> set[str]:
+    """The baseline arms a run logged besides its reference arm (SDTT's `same_steps` and `ar`), under "<arm>/"."""
+    return {k.split("/")[0] for k in metrics if k.endswith("/" + NFE_PER_SAMPLE)} - {"ref", "fit"}
+
+
 def _header(key: str, higher: bool) -> str:
     name, _, extractor = key.partition(".")
     arrow = "↑" if higher else "↓"
@@ -210,7 +224,7 @@ def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int
     """A row per extra baseline arm the method's runs carry (e.g. SDTT's teacher at the student's step count and the AR
     LM), its speed-ups against the same runs' reference arms."""
     rows = []
-    arms = sorted({k.split("/")[0] for r in rs for k in r.metrics if k.endswith("/" + NFE_PER_SAMPLE)} - {"ref", "fit"})
+    arms = sorted(set().union(*(extra_arms(r.metrics) for r in rs)))
     for arm in arms:
         m = [r.metrics for r in rs if f"{arm}/{NFE_PER_SAMPLE}" in r.metrics]
         ratios = {SPEEDUP_WALL: [x["ref/" + SEC_PER_SAMPLE] / x[f"{arm}/{SEC_PER_SAMPLE}"] for x in m],
@@ -235,22 +249,22 @@ def headline_table(runs: list[TrialRun]) -> list[str]:
         best.setdefault(r.method, {}).setdefault(key, {}).setdefault(r.seed, r)
     if not best:
         return []
-    lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method "
+    lines = ["| method | teacher | knobs | batch | seeds | speed-up wall ↑ | speed-up steps ↑ | quality | method arm "
              "| teacher arm |", "|---|---|---|---|---|---|---|---|---|---|"]
     for method in sorted(best):
         (teacher, knobs, batch, _, _), seeds = max(best[method].items(),
                                                    key=lambda kv: (len(kv[1]), natural(str(kv[0]))))
         rs = [seeds[s] for s in sorted(seeds)]
-        rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
-        quality = sorted(quality_columns(rs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))
+        quality = headline_quality(rs)
         name, cells = "—", ["", ""]
         if quality:
-            key, higher = quality[0]
+            key, higher = quality
             name = _header(key, higher)
             cells = [_fmt([r.metrics[key] for r in rs if key in r.metrics], 2),
                      _fmt([r.metrics[f"ref/{key}"] for r in rs if f"ref/{key}" in r.metrics], 2)]
+        noisy = " ⚠" if any(r.metrics.get(NOISY) for r in rs) else ""
         lines.append("| " + " | ".join([method, teacher, knobs, str(batch), str(len(rs)),
-                                        _fmt([r.metrics[SPEEDUP_WALL] for r in rs], 2, "×"),
+                                        _fmt([r.metrics[SPEEDUP_WALL] for r in rs], 2, "×") + noisy,
                                         _fmt([r.metrics[SPEEDUP_STEPS] for r in rs], 2, "×"), name, *cells]) + " |")
     return lines
 

@@ -6,6 +6,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from cli import main
+from core.names import HEADLINE_TAG
+from reports import plots
 from reports.plots import pareto_front, quality_points
 from reports.tables import TrialRun
 
@@ -14,7 +16,7 @@ REF_KNOBS = {"top_k": "0", "temperature": "1.0", "cfg": "1.0", "greedy": "False"
 
 
 def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, ref_fid=None, day=1, legacy=False,
-              batch=None, extra_tags=None, extra_metrics=None):
+              batch=None, extra_tags=None, extra_metrics=None, extra_params=None):
     """A trial run as the runner logs it (knobs under their own names, listed in a tag), or, `legacy`, as runs before
     that did (knobs as "params.<knob>")."""
     tags = {"accelbench.kind": "trial", "trial_key": f"{method}{seed}{sorted(knobs.items())}", "git_sha": "abc123",
@@ -26,7 +28,8 @@ def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, re
     run = client.create_run(exp_id, start_time=1_790_000_000_000 + day * 86_400_000, tags=tags)
     params = {"teacher": "digits-ar-t2i", "method": method, "seed": seed, "reference": "ar", "n_samples": 100,
               **{f"params.{k}" if legacy else k: v for k, v in knobs.items()},
-              **{f"ref.{k}": v for k, v in REF_KNOBS.items()}, **({"batch_size": batch} if batch else {})}
+              **{f"ref.{k}": v for k, v in REF_KNOBS.items()}, **({"batch_size": batch} if batch else {}),
+              **(extra_params or {})}
     metrics = {"sec_per_sample_median": ms / 1000, "ref/sec_per_sample_median": ref_ms / 1000,
                "nfe_per_sample": nfe, "ref/nfe_per_sample": 64.0, "speedup_wall": ref_ms / ms,
                "speedup_steps": 64.0 / nfe, "step_compression": 64.0 / nfe, **(extra_metrics or {})}
@@ -77,10 +80,15 @@ def test_a_noisy_wall_speed_up_is_flagged_and_the_flops_speed_up_shown(tmp_path)
     log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=32.0,
               extra_metrics={"speedup_wall_noisy": 1.0, "speedup_flops": 1.8})
     log_trial(client, exp, "jacobi", 0, {"window": "16", "greedy": "False"}, ms=40.0, ref_ms=40.0, nfe=60.0,
-              extra_metrics={"speedup_wall_noisy": 0.0, "speedup_flops": 1.1})
+              extra_metrics={"speedup_wall_noisy": 0.0, "speedup_flops": 1.1}, extra_tags={HEADLINE_TAG: "true"})
+    log_trial(client, exp, "sjd", 1, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=32.0, day=2,
+              extra_metrics={"speedup_wall_noisy": 1.0}, extra_tags={HEADLINE_TAG: "true"})
     text = report(uri, tmp_path / "out")
-    sjd, jacobi = ([c.strip() for c in row(text, m).split("|")[1:-1]] for m in ("sjd", "jacobi"))
-    assert sjd[8] == "2.00× ⚠" and sjd[10] == "1.80×"
+    headline = {m: [c.strip() for c in row(text, f"{m} | digits-ar-t2i").split("|")[1:-1]] for m in ("sjd", "jacobi")}
+    assert headline["sjd"][5] == "2.00× ⚠" and headline["jacobi"][5] == "1.00×"
+    sjd = [c.strip() for c in row(text, "sjd | window=16, init=random").split("|")[1:-1]]
+    jacobi = [c.strip() for c in row(text, "jacobi | window=16").split("|")[1:-1]]
+    assert sjd[8] == "2.00× ± 0.00 ⚠" and sjd[10] == "1.80×"
     assert jacobi[8] == "1.00×" and jacobi[10] == "1.10×"
     assert "⚠ after a wall speed-up" in text
 
@@ -113,7 +121,6 @@ def test_regeneration_is_byte_identical(store, tmp_path):
     assert report(store, tmp_path / "a") == report(store, tmp_path / "b")
     assert (tmp_path / "a" / "quality_vs_time_digits-ar-t2i.png").read_bytes() == \
         (tmp_path / "b" / "quality_vs_time_digits-ar-t2i.png").read_bytes()
-    assert (tmp_path / "a" / "acceptance_digits-ar-t2i.png").exists()
 
 
 def test_filter_selects_runs(store, tmp_path, capsys):
@@ -230,3 +237,64 @@ def test_tables_and_plots_never_compare_across_batch_sizes(tmp_path):
     runs = [TrialRun.from_mlflow(r) for r in client.search_runs([exp])]
     assert {r.batch_size for r in runs} == {1, 30}
     assert quality_points([r for r in runs if r.batch_size == 1], "fid.digits-cnn")["ar (teacher)"][0] == 47.0
+
+
+@pytest.fixture()
+def drawn(monkeypatch):
+    """file name -> per panel: (y label, legend label -> its data points) of every figure the report saves."""
+    figures, save = {}, plots._save
+
+    def spy(fig, out, name):
+        def data(handle):  # an error-bar point's handle holds its data line
+            return [tuple(xy) for xy in getattr(handle, "lines", [handle])[0].get_xydata()]
+
+        figures[name] = [(ax.get_ylabel(), {h.get_label(): data(h) for h in ax.get_legend_handles_labels()[0]})
+                         for ax in fig.axes]
+        return save(fig, out, name)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    return figures
+
+
+def test_the_quality_plot_judges_by_the_headline_metric_and_shows_every_arm(tmp_path, drawn):
+    """SDTT on an MDLM logs entropy (higher is better) beside gen-PPL, the headline metric: on an entropy axis the
+    student would look better than its teacher, which the tables say it is not. The extra arms (the teacher at the
+    student's steps, the causal LM) are points of their own, told apart from the student's."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper")
+    knobs = {"divergence": "kld", "rounds": "3", "student_steps": "0"}
+    for seed, (ppl, ref_ppl) in enumerate([(2100.0, 1500.0), (2280.0, 1612.0)]):
+        log_trial(client, exp, "sdtt", seed, knobs, ms=50.0, ref_ms=400.0, nfe=8.0, batch=16,
+                  extra_params={"teacher": "wordnet-mdlm", "reference": "mdlm"},
+                  extra_tags={"key_knobs": "divergence,rounds,student_steps", "accelbench.headline": "true",
+                              "higher_is_better.gen_ppl.wordnet-gpt": "false", "higher_is_better.entropy": "true"},
+                  extra_metrics={"gen_ppl.wordnet-gpt": ppl, "ref/gen_ppl.wordnet-gpt": ref_ppl,
+                                 "entropy": 3.95, "ref/entropy": 3.90,
+                                 "same_steps/nfe_per_sample": 8.0, "same_steps/sec_per_sample_median": 0.048,
+                                 "same_steps/gen_ppl.wordnet-gpt": 1905.0, "same_steps/entropy": 3.93,
+                                 "ar/nfe_per_sample": 64.0, "ar/sec_per_sample_median": 0.030,
+                                 "ar/gen_ppl.wordnet-gpt": 60.0 + seed, "ar/entropy": 3.7})
+    text = report(uri, tmp_path / "r")
+    assert "| GEN_PPL ↓ (wordnet-gpt) | 2190.00 ± 127.28 | 1556.00 ± 79.20 |" in text  # the headline's metric
+    ((ylabel, points),) = drawn["quality_vs_time_wordnet-mdlm.png"]
+    assert ylabel == "gen_ppl.wordnet-gpt (lower is better)"
+    sdtt = "sdtt divergence=kld, rounds=3, student_steps=0"
+    assert {k: v for k, v in points.items() if k != "Pareto front"} == {
+        "mdlm (teacher)": [(400.0, 1556.0)], sdtt: [(50.0, 2190.0)], f"{sdtt} ↳ same_steps": [(48.0, 1905.0)],
+        f"{sdtt} ↳ ar": [(30.0, 60.5)]}
+
+
+def test_an_acceptance_plot_needs_a_run_group_at_two_windows(store, tmp_path, drawn):
+    """Every run of the store is at window 16: one dot per group, no trend, so no plot (nor a link to one)."""
+    text = report(store, tmp_path / "a")
+    assert "acceptance_digits-ar-t2i.png" not in drawn and "acceptance_digits-ar-t2i" not in text
+    assert not (tmp_path / "a" / "acceptance_digits-ar-t2i.png").exists()
+    client = MlflowClient(store)
+    log_trial(client, client.get_experiment_by_name("paper").experiment_id, "sjd", 0, {**SJD_KNOBS, "window": "4"},
+              ms=30.0, ref_ms=40.0, nfe=40.0)
+    text = report(store, tmp_path / "b")
+    ((_, lines),) = drawn["acceptance_digits-ar-t2i.png"]
+    w16 = statistics.fmean([64 / 30, 64 / 32, 64 / 34])  # the three seeds at window 16
+    assert lines["sjd init=random (vs window)"] == [(4.0, 1.6), (16.0, pytest.approx(w16))]
+    assert "![acceptance_digits-ar-t2i](acceptance_digits-ar-t2i.png)" in text
