@@ -12,7 +12,7 @@ import sys
 import traceback
 
 from cli import store, sweeps, trials, zoo
-from core.errors import UserError
+from core.errors import UserError, WriteFailed
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"accelbench: error: {exc}", file=sys.stderr)
         return 2
+    except WriteFailed as exc:
+        # 1, not 2: the request was sound, and work had started when a disk filled or a store turned read-only; what
+        # the trial drew stays spooled, and the same command resumes from it once the space (or access) is back
+        if args.debug:
+            traceback.print_exc()
+        print(f"accelbench: {exc}", file=sys.stderr)
+        return 1
     except Terminated:
         print("accelbench: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM

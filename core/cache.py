@@ -6,8 +6,8 @@ trained teachers and students, compressed, listed with their sha256 in `zoo/mani
 kind and key, and copied into the cache; otherwise it is built. A file whose header does not match its name or its
 payload (truncated, corrupted, written by another version) is reported on stderr, deleted and rebuilt, never loaded.
 Writes go to a temp file in the same directory and are renamed into place, so an interrupted build (Ctrl-C, SIGTERM,
-SIGKILL) never leaves an entry; a build holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes
-building one key at once build it once.
+SIGKILL) never leaves an entry, nor does a write that fails (a full disk: `WriteFailed`, naming the entry); a build
+holds an exclusive lock on `<root>/.locks/<kind>-<key>.lock`, so processes building one key at once build it once.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.errors import UserError
+from core.errors import UserError, WriteFailed
 
 DEFAULT_ROOT = Path(os.environ.get("ACCELBENCH_CACHE", Path.home() / ".cache" / "accelbench"))
 MAGIC = b"ACCELBENCH-CACHE/1\n"
@@ -56,20 +56,31 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """The block writes `path`: an `OSError` in it (a full disk, a read-only file system) is raised as `WriteFailed`
+    naming `path`, one line, where the error itself names a temp file or nothing (`write` on a full disk)."""
+    try:
+        yield
+    except OSError as exc:
+        raise WriteFailed(path, exc.strerror) from exc
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` at `path`, atomically (a temp file in the same folder, synced, renamed into place): a process killed at
-    any point leaves the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    any point, or a write failing (`WriteFailed`), leaves the old file or the new one, never a part."""
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 class CorruptEntry(Exception):

@@ -117,7 +117,7 @@ def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
             shutil.rmtree(folder, ignore_errors=True)
         spool = TrialSpool(folder)
         if not (folder / "meta.json").is_file():
-            (folder / "trial.yaml").write_text(trial.to_yaml())
+            write_atomically(folder / "trial.yaml", trial.to_yaml().encode())
             write_atomically(folder / "meta.json", json.dumps(meta, sort_keys=True).encode())
         try:
             yield spool
