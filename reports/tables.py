@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -89,23 +90,30 @@ def shown_knobs(r: TrialRun, runs: list[TrialRun], exclude=()) -> str:
     return _knob_text(r.knobs, [k for k in names if k not in exclude])
 
 
+def _quality(tag_sets: Iterable[Mapping[str, str]]) -> dict[str, bool]:
+    """metric key -> higher is better, for every quality metric the runs with these tags logged."""
+    head = "higher_is_better."
+    return {t[len(head):]: v == "true" for tags in tag_sets for t, v in tags.items() if t.startswith(head)}
+
+
 def quality_columns(runs: list[TrialRun]) -> list[tuple[str, bool]]:
     """(metric key, higher is better) for every quality metric any run logged, in a fixed order."""
-    cols = {}
-    for r in runs:
-        for tag, value in r.tags.items():
-            if tag.startswith("higher_is_better."):
-                cols[tag[len("higher_is_better."):]] = value == "true"
-    return sorted(cols.items())
+    return sorted(_quality(r.tags for r in runs).items())
+
+
+def headline_of(tag_sets: Iterable[Mapping[str, str]]) -> tuple[str, bool] | None:
+    """(metric key, higher is better) of the headline quality of the runs with these tags: the first of
+    `HEADLINE_METRICS` any run logged, else the first quality column; None without any. The headline table, each
+    teacher's quality plot and the MLflow UI's saved views (`accelbench ui`) all lead with it, so a plot never ranks
+    methods by a metric the tables do not lead with (entropy beside gen-PPL)."""
+    rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
+    return min(sorted(_quality(tag_sets).items()), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)),
+               default=None)
 
 
 def headline_quality(runs: list[TrialRun]) -> tuple[str, bool] | None:
-    """(metric key, higher is better) of the runs' headline quality: the first of `HEADLINE_METRICS` any run logged,
-    else the first quality column; None without any. The headline table and each teacher's quality plot both judge by
-    it, so a plot never ranks methods by a metric the tables do not lead with (entropy beside gen-PPL)."""
-    rank = {name: i for i, name in enumerate(HEADLINE_METRICS)}
-    quality = sorted(quality_columns(runs), key=lambda kh: rank.get(kh[0].split(".")[0], len(rank)))
-    return quality[0] if quality else None
+    """`headline_of` the runs."""
+    return headline_of(r.tags for r in runs)
 
 
 def extra_arms(metrics: dict) -> set[str]:

@@ -1,4 +1,6 @@
 """End to end through the CLI into a temporary SQLite MLflow store, and bad input that must fail cleanly."""
+import json
+
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -55,10 +57,13 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, tmp_path, capsys):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and "speedup_wall" in exp.tags[
         "mlflow.note.content"]
     assert run.info.run_name == "sjd[window=4,init=random] digits-ar-t2i s3"
-    from bench.tracking import runs_table_urls  # what `accelbench ui` prints: MLflow 3.17 needs the workflow type
+    from cli.store import table_state, ui_views  # what `accelbench ui` prints (tests/test_ui.py), on a real trial
 
-    urls = dict(runs_table_urls(store, "http://ui"))
-    assert urls["accelbench"] == f"http://ui/#/experiments/{exp.experiment_id}?workflowType=machine_learning"
+    table, training = ui_views(store, "http://ui")  # one trial: no two to compare; the teacher's training: no view
+    assert table.endswith(f"/#/experiments/{exp.experiment_id}/runs?viewStateShareKey=accelbench-runs&"
+                          f"workflowType=machine_learning") and "viewStateShareKey" not in training
+    state = json.loads(client.get_experiment(exp.experiment_id).tags["mlflow.sharedViewState.accelbench-runs"])["state"]
+    assert json.loads(state) == table_state(["speedup_wall", "speedup_steps", "fid.digits-cnn", "ref/fid.digits-cnn"])
     assert [r.info.run_id for r in client.search_runs([exp.experiment_id], "params.window = '4'")] == [run.info.run_id]
     (dataset,) = run.inputs.dataset_inputs
     assert dataset.dataset.name == "digits-test-16px" and dataset.tags[0].value == "evaluation"
