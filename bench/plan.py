@@ -163,7 +163,8 @@ def _plan(trial: Trial, checkpoints: Path, paper: dict[str, Any] | None, tasks) 
 
 
 def run_name(p: Plan) -> str:
-    """e.g. "sjd[window=16,init=random] digits-ar-t2i s0": the MLflow UI's run column tells settings apart."""
+    """e.g. "sjd[window=16,init=random] digits-ar-t2i s0": the MLflow UI's run column tells settings apart. A knob set
+    to "" (SDTT's `student`: none, the student is distilled here) is left out: it names nothing."""
     t = p.trial
-    shown = ",".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
+    shown = ",".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if t.params.get(k, "") != "")
     return f"{t.method}[{shown}] {t.teacher} s{t.seed}" if shown else f"{t.method} {t.teacher} s{t.seed}"
