@@ -31,6 +31,23 @@ def _worker_argv(args, storage_url: str) -> list[str]:
     return argv + (["--force"] if args.force else [])
 
 
+def _check_goal(study, spec, trouble: str) -> None:
+    """A sweep succeeds when its study has every trial it asks for, whatever its workers went through on the way (a
+    failed trial retried, a worker that gave up while the others finished: in their output and in MLflow); `trouble`
+    says what happened to its workers, if anything did."""
+    from optuna.trial import TrialState
+
+    from sweeps.study import finished
+
+    done = finished(study)
+    if done < spec.n_trials:
+        running = sum(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+        raise UserError(f"study {spec.study} has {done} of {spec.n_trials} trials finished"
+                        + (f" and {running} running" if running else "") + (f"; {trouble}" if trouble else ""))
+    if trouble:
+        print(f"accelbench: note: {trouble}; the study has all its trials", file=sys.stderr)
+
+
 def cmd_sweep(args) -> int:
     from sweeps.study import make_storage, open_study, summary, work
 
@@ -51,10 +68,10 @@ def cmd_sweep(args) -> int:
                                  [(f"worker {i}/{args.workers}", argv) for i in range(1, args.workers + 1)])
         for line in failed:
             print(f"accelbench: failed: {line}", file=sys.stderr)
-        if failed:
-            raise UserError(f"{len(failed)} of {args.workers} worker jobs failed (listed above)")
+        trouble = f"{len(failed)} of {args.workers} worker jobs failed (listed above)" if failed else ""
     elif args.workers == 1:
         work(spec, storage, tracker, cache, opts, force=args.force)
+        trouble = ""
     else:
         procs = [subprocess.Popen(_worker_argv(args, storage.url)) for _ in range(args.workers)]
         try:
@@ -65,10 +82,11 @@ def cmd_sweep(args) -> int:
             for p in procs:
                 p.wait()
             raise
-        if any(codes):
-            raise UserError(f"{sum(c != 0 for c in codes)} of {args.workers} workers failed (exit codes {codes})")
+        trouble = f"{sum(c != 0 for c in codes)} of {args.workers} workers failed (exit codes {codes})" \
+            if any(codes) else ""
     print("\n".join(summary(study)))  # the storage is read afresh: the workers' trials are all there
     print(f"study storage: {storage.url}; MLflow: {tracker.uri} (experiment {spec.experiment!r})")
+    _check_goal(study, spec, trouble)
     return 0
 
 

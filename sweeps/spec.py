@@ -7,7 +7,7 @@ base: {teacher: digits-ar-t2i, method: sjd, n_samples: 32, metrics: [fid]}
 space:
   window: {type: int, low: 1, high: 64, log: true}
   init: {type: categorical, choices: [random, repeat-left]}
-objectives:                       # a metric logged by the runner, and its direction
+objectives:                       # a metric the base trial logs (checked before any trial), and its direction
   - {metric: speedup_wall, direction: maximize}
 constraints:                      # feasible iff metric <= ref/metric + max_over_ref (the teacher arm's value), or,
   - {metric: fid.digits-cnn, max_over_ref: 1.0}   # for a higher-is-better guard, metric >= ref/metric - min_under_ref
@@ -19,20 +19,33 @@ seeds: [0]                        # each Optuna trial runs the base trial once p
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.config import check_seeds, read_yaml_mapping
 from core.errors import UserError
+from core.latency import Latency
+from core.names import NFE_PER_SAMPLE, SPEEDUP_FLOPS, SPEEDUP_STEPS, SPEEDUP_WALL
+from core.timing import latency_stats
 from bench.plan import Plan, plan
 from core.trial import Trial
+from methods.base import Method
 
 SPEC_FIELDS = {"study", "experiment", "base", "space", "objectives", "constraints", "sampler", "pruner", "n_trials",
                "seeds"}
 PARAM_TYPES = ("int", "float", "categorical")
 SAMPLERS = ("tpe", "nsga2", "grid")
 PRUNERS = ("none", "median")
+# What `bench.runner` logs for every arm of a trial, bare for the method's arm and under "<arm>/" for the others: its
+# batch times (`latency_stats`, here of one batch), the latency protocol's figures, the fixed counters; a method's own
+# counters and the FLOPs add "<name>_per_sample" (`PER_ARM`), a data-parallel arm "samples_per_sec_rank<r>".
+ARM_KEYS = frozenset({*latency_stats([1.0], [1]), *Latency((1.0,), 1, 0.0, 1.0).metrics(), "sec_per_sample_cv_pct",
+                      NFE_PER_SAMPLE, "step_compression", "acceptance_rate", "compile_seconds"})
+PER_ARM = re.compile(r".+_per_sample|samples_per_sec_rank\d+")
+# The method against the reference arm: logged bare only.
+COMPARISONS = frozenset({SPEEDUP_WALL, f"{SPEEDUP_WALL}_noisy", SPEEDUP_STEPS, SPEEDUP_FLOPS})
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,37 @@ class StudySpec:
                     checkpoints=self.checkpoints)
 
 
+def never_logged(key: str, p: Plan) -> str | None:
+    """Why a trial planned as `p` never logs the metric `key`, or None when it may.
+
+    The exact keys are known only once a trial has run: an extractor's name ("fid.digits-cnn",
+    "fid.inception-v3-tf1.adm-in256"), a method's counters and extra arms, what its training reports. So this refuses
+    what cannot match what is declared: a metric the trial does not compute, a key the runner never logs, an arm or a
+    training the method does not have."""
+    arm, sep, name = key.partition("/")
+    if not sep:
+        arm, name = "", key
+    if arm == "fit":
+        return None if p.method_cls.fit is not Method.fit else f"method {p.trial.method!r} trains nothing: no 'fit/'"
+    if arm not in ("", "ref") and p.method_cls.extra_arms is Method.extra_arms:
+        return f"method {p.trial.method!r} has no arm {arm!r}: its keys are bare, the teacher arm's under 'ref/'"
+    if "." in name:  # a metric's key: "<metric>.<extractor>[...]" (`metrics.base.Metric.compute`)
+        metric = name.split(".", 1)[0]
+        computed = {m.cls.name: m for m in p.metrics}
+        if metric not in computed:
+            return (f"{metric!r} is not one of its metrics ({', '.join(m.spec for m in p.metrics) or 'none'}); name "
+                    f"the metric in base.metrics")
+        if computed[metric].unavailable:
+            return f"metric {computed[metric].spec!r} cannot be computed here: {computed[metric].unavailable}"
+        return None
+    if name in COMPARISONS:
+        return None if not arm else f"{name!r} compares the method's arm with the teacher's: it is logged bare only"
+    if name in ARM_KEYS or PER_ARM.fullmatch(name):
+        return None
+    return (f"{name!r} is neither a key the runner logs (e.g. {SPEEDUP_WALL}, {NFE_PER_SAMPLE}, "
+            f"sec_per_sample_median) nor a metric's ('<metric>.<extractor>', e.g. fid.digits-cnn)")
+
+
 def _param(name: str, d: Any) -> Param:
     where = f"space: knob {name!r}"
     if not isinstance(d, dict) or d.get("type") not in PARAM_TYPES:
@@ -163,8 +207,17 @@ def _build(d: dict, checkpoints: Path) -> StudySpec:
     spec = StudySpec(d["study"], d.get("experiment") or "accelbench-sweeps", dict(d["base"]), space,
                      tuple(objectives), tuple(constraints), sampler, pruner, n_trials, seeds, checkpoints)
     # Validate the base trial and every knob name now, with each knob at a value from its range.
-    spec.trial({p.name: (p.choices[0] if p.type == "categorical" else (int(p.low) if p.type == "int" else p.low))
-                for p in space}, seeds[0])
+    planned = spec.trial({p.name: (p.choices[0] if p.type == "categorical" else (int(p.low) if p.type == "int" else
+                                                                                  p.low)) for p in space}, seeds[0])
+    # A metric no trial logs would fail every trial of the study, one after the other: refused before the first.
+    named = [(o.metric, f"objective metric {o.metric!r}") for o in objectives]
+    for c in constraints:
+        named += [(c.metric, f"constraint metric {c.metric!r}"),
+                  (f"ref/{c.metric}", f"constraint metric {c.metric!r} is bounded by the teacher arm's "
+                                      f"'ref/{c.metric}', which")]
+    for key, subject in named:
+        if why := never_logged(key, planned):
+            raise UserError(f"{subject} is never logged by the base trial: {why}")
     if sampler == "grid":
         for p in space:
             p.grid()

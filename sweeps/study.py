@@ -3,20 +3,24 @@
 Scale-out is Optuna's own: any number of worker processes, on any machines, share one study through its storage
 (SQLite for one process, a journal file for several local ones, PostgreSQL for many machines). With an RDB storage,
 workers send heartbeats; a trial whose worker died is marked failed and retried
-(`RetryHeartbeatStaleTrialCallback`).
+(`RetryHeartbeatStaleTrialCallback`). A worker rides out a restart of its database servers (the study's and MLflow's):
+a call that loses its connection is made again, on a new one, until the server is back (`reconnecting`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import statistics
+import time
 import warnings
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import optuna
+import sqlalchemy.exc
 from mlflow.entities import Metric, Param
 from optuna.storages import RetryHeartbeatStaleTrialCallback
-from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from core.cache import Cache
@@ -30,11 +34,12 @@ PARENT_ATTR = "mlflow_parent_run_id"
 RUNS_ATTR = "mlflow_run_ids"
 MAX_RETRY = 2
 MAX_FAILURES = 3  # a worker stops after this many failed trials instead of failing forever
-SURPLUS_ATTR = "surplus"  # a trial asked for after the study was full; ends FAIL without running
-
-
-class Surplus(Exception):
-    """Raised for a trial that would exceed the study's requested number of trials."""
+# A trial asked for after the study was full (several workers ask at once): pruned without running, and no trial of
+# the study (not counted, not shown as one).
+SURPLUS_ATTR = "surplus"
+DONE = (TrialState.COMPLETE, TrialState.PRUNED)
+DATABASES = ("postgresql", "mysql", "mssql")  # stores behind a server, which may restart under a running worker
+RECONNECT_SECONDS = 120.0  # how long a call waits for its database server to come back before it fails
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,77 @@ def reap_dead_local_workers(study: optuna.Study, tracker: Tracker | None) -> lis
     return reaped
 
 
+def lost_connection(exc: BaseException | None) -> bool:
+    """Whether an error, or one it was raised from, is a lost or refused database connection: how a restart of the
+    server shows in a client (SQLAlchemy's pool_pre_ping, on in Optuna's engine here and in MLflow's, replaces the
+    pooled connections the restart closed once the server is back)."""
+    while exc is not None:
+        if isinstance(exc, sqlalchemy.exc.OperationalError) or \
+                isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def reconnecting(call: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`, made again with back-off while its database connection is lost or refused, for up to
+    RECONNECT_SECONDS; then its error is raised. The server rolls back a transaction whose connection drops, and what
+    MLflow commits in several (a batch's params, metrics and tags) it takes again harmlessly: a call made again
+    repeats nothing, unless the reply to a commit itself was lost."""
+    delay, deadline = 0.25, time.monotonic() + RECONNECT_SECONDS
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if not lost_connection(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 4.0)
+
+
+def _reconnecting_method(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return reconnecting(method, self, *args, **kwargs)
+
+    return call
+
+
+def _reconnecting_calls(*names: str):
+    """A class decorator: the methods `names` of the class made `reconnecting`."""
+    def decorate(cls):
+        for name in names:
+            setattr(cls, name, _reconnecting_method(getattr(cls, name)))
+        return cls
+
+    return decorate
+
+
+# Every call of RDBStorage that opens a session of its own: the public ones and the private ones Optuna's cache
+# (`optuna.storages._CachedStorage`, what a study wraps an RDBStorage in) and its heartbeat thread make.
+@_reconnecting_calls(
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "get_study_id_from_name",
+    "get_study_name_from_id", "get_study_directions", "get_study_user_attrs", "get_study_system_attrs",
+    "get_trial_user_attrs", "get_trial_system_attrs", "get_all_studies", "_create_new_trial", "_set_trial_param",
+    "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
+    "set_trial_system_attr", "get_trial_id_from_study_id_trial_number", "get_trial", "_get_trials",
+    "_get_best_trial_id", "record_heartbeat", "_get_stale_trial_ids")
+class ReconnectingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage on a database server, its calls `reconnecting`: a restart of the server delays them."""
+
+
+class ReconnectingClient:
+    """An `MlflowClient` of a database tracking store whose calls are `reconnecting` (what MLflow logs of each lost
+    connection, with its traceback, `bench.tracking.client` keeps off the screen)."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        return functools.partial(reconnecting, attr) if callable(attr) else attr
+
+
 def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
     url = opts.url
     if url.startswith("journal:"):
@@ -94,13 +170,14 @@ def make_storage(opts: StorageOptions, tracker: Tracker | None = None):
     if not url.startswith(("sqlite:", "postgresql", "mysql")):
         raise UserError(f"unknown study storage {url!r}; use sqlite:///FILE, journal:FILE or postgresql://...")
     check_reachable(url, "study storage")
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite:") else {"pool_pre_ping": True}
+    sqlite = url.startswith("sqlite:")
+    kwargs = {"connect_args": {"timeout": 60}} if sqlite else {"pool_pre_ping": True}
     try:
         with warnings.catch_warnings():  # heartbeats and their retry callback: "experimental" since Optuna 2.8, and
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # what a sweep relies on
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat,
-                                              grace_period=opts.grace,
-                                              heartbeat_stale_trial_callback=_failed_trial_handler(tracker))
+            storage_class = optuna.storages.RDBStorage if sqlite else ReconnectingRDBStorage
+            return storage_class(url, engine_kwargs=kwargs, heartbeat_interval=opts.heartbeat, grace_period=opts.grace,
+                                 heartbeat_stale_trial_callback=_failed_trial_handler(tracker))
     except Exception as exc:  # an unreachable database: say which, before any work
         raise UserError(f"cannot open study storage {url}: {str(exc).splitlines()[0]}") from None
 
@@ -162,7 +239,7 @@ class Objective:
         if self._surplus(trial):
             trial.set_user_attr(SURPLUS_ATTR, True)
             trial.study.stop()
-            raise Surplus(f"trial {trial.number}: the study already has {self.spec.n_trials} trials under way")
+            raise optuna.TrialPruned(f"Surplus: the study already has its {self.spec.n_trials} trials under way")
         knobs = {p.name: p.suggest(trial) for p in self.spec.space}
         tags = {"mlflow.parentRunId": self.parent, "study_name": self.spec.study,
                 "optuna_trial_number": str(trial.number)}
@@ -201,9 +278,10 @@ class Objective:
         return values[0] if len(values) == 1 else values
 
     def _surplus(self, trial: optuna.Trial) -> bool:
-        """Several workers can ask for a trial at once; only the first n_trials (by number, failed ones aside) run."""
+        """Several workers can ask for a trial at once; only the first n_trials (by number, failed and surplus ones
+        aside) run."""
         ahead = [t for t in trial.study.get_trials(deepcopy=False)
-                 if t.number < trial.number and t.state != TrialState.FAIL]
+                 if t.number < trial.number and t.state != TrialState.FAIL and not t.user_attrs.get(SURPLUS_ATTR)]
         return len(ahead) >= self.spec.n_trials
 
     @staticmethod
@@ -218,27 +296,34 @@ class Objective:
             self.tracker.client.set_tag(run_id, "optuna_state", state)
 
 
+def finished(study: optuna.Study) -> int:
+    """The study's finished trials: complete, or pruned by its pruner; what `n_trials` counts (surplus asks aside)."""
+    return sum(t.state in DONE and not t.user_attrs.get(SURPLUS_ATTR) for t in study.get_trials(deepcopy=False))
+
+
 def work(spec: StudySpec, storage_opts: StorageOptions, tracker: Tracker, cache: Cache, opts: RunOptions,
          force: bool = False) -> optuna.Study:
-    """One worker: run trials until the study has `n_trials` finished (complete or pruned) trials."""
+    """One worker: run trials until the study has `n_trials` finished trials. It gives up after MAX_FAILURES failed
+    trials of its own, an error unless the other workers finished the study meanwhile."""
+    if tracker.uri.startswith(DATABASES):
+        tracker.client = ReconnectingClient(tracker.client)
     study = open_study(spec, make_storage(storage_opts, tracker), tracker)
-    done = (TrialState.COMPLETE, TrialState.PRUNED)
     failures = []
 
-    def stop_on_failures(study, trial):
-        if trial.state == TrialState.FAIL and not trial.user_attrs.get(SURPLUS_ATTR):
+    def stop(study, trial):
+        if trial.state == TrialState.FAIL:
             failures.append(trial.number)
-            if len(failures) >= MAX_FAILURES:
-                study.stop()
+        if len(failures) >= MAX_FAILURES or finished(study) >= spec.n_trials:
+            study.stop()
 
-    if sum(t.state in done for t in study.get_trials(deepcopy=False)) < spec.n_trials:
+    if finished(study) < spec.n_trials:
         journal = storage_opts.url.startswith("journal:")
         study.optimize(Objective(spec, study, tracker, cache, opts, force, reap_local=journal), catch=(Exception,),
-                       callbacks=[MaxTrialsCallback(spec.n_trials, states=done), stop_on_failures])
-    if len(failures) >= MAX_FAILURES:
-        raise UserError(f"worker stopped after {len(failures)} failed trials ({failures}); see their MLflow runs")
-    if sum(t.state in done for t in study.get_trials(deepcopy=False)) >= spec.n_trials:
+                       callbacks=[stop])
+    if finished(study) >= spec.n_trials:
         _close_parent(study, spec, tracker)
+    elif len(failures) >= MAX_FAILURES:
+        raise UserError(f"worker stopped after {len(failures)} failed trials ({failures}); see their MLflow runs")
     return study
 
 
@@ -259,9 +344,11 @@ def _close_parent(study: optuna.Study, spec: StudySpec, tracker: Tracker) -> Non
 
 
 def summary(study: optuna.Study) -> list[str]:
-    trials = study.get_trials(deepcopy=False)
-    counts = {s.name: sum(t.state == s for t in trials) for s in TrialState}
-    lines = [f"study {study.study_name}: " + ", ".join(f"{n.lower()} {c}" for n, c in counts.items() if c)]
+    every = study.get_trials(deepcopy=False)
+    trials = [t for t in every if not t.user_attrs.get(SURPLUS_ATTR)]
+    counts = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    counts["surplus"] = len(every) - len(trials)
+    lines = [f"study {study.study_name}: " + ", ".join(f"{n} {c}" for n, c in counts.items() if c)]
     try:
         best = study.best_trials
     except (ValueError, RuntimeError):

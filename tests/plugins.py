@@ -68,3 +68,8 @@ class BarrierTableARTeacher(TableARTeacher):
                 raise RuntimeError(f"{name}: {n} processes did not all load within {timeout:g} s")
             time.sleep(0.05)
         return super().load(name, cache=cache, device=device)
+
+
+@TEACHERS.register("slow-barrier-table-ar")
+class SlowBarrierTableARTeacher(BarrierTableARTeacher, SlowTableARTeacher):
+    """Both: n workers start their first trials together, and each trial lasts long enough to be caught mid-way."""
