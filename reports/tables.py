@@ -353,8 +353,8 @@ def build_markdown(runs: list[TrialRun], title: str, evaluations: list[TrialRun]
             "\"paper\" is that number (the run's tag `paper.source` names the table and row) and Δ is ours − paper. "
             "Speed-up FLOPs: the teacher arm's FLOPs per sample over the method's, counted on one reference sample "
             "(seed 0; torch's FLOP formulas), which no machine's load moves. ⚠ after a wall speed-up: in some run an "
-            "arm's per-sample times spread with a CV above 10 % (core/latency.py), so that wall speed-up is not to be "
-            "trusted on that machine; the FLOPs and steps speed-ups still are.",
+            "arm's times per forward pass spread with a CV above 10 % (core/latency.py), so that wall speed-up is not "
+            "to be trusted on that machine; the FLOPs and steps speed-ups still are.",
             "",
             "Reproducibility: a trial (teacher, method, knobs, n, seed) rerun on the same machine and software gives "
             "identical samples, NFE, acceptance and quality metrics. On another machine (CPU model, BLAS, torch "

@@ -42,7 +42,7 @@ PRUNERS = ("none", "median")
 # batch times (`latency_stats`, here of one batch), the latency protocol's figures, the fixed counters; a method's own
 # counters and the FLOPs add "<name>_per_sample" (`PER_ARM`), a data-parallel arm "samples_per_sec_rank<r>".
 ARM_KEYS = frozenset({*latency_stats([1.0], [1]), *Latency((1.0,), 1, 0.0, 1.0).metrics(), "sec_per_sample_cv_pct",
-                      NFE_PER_SAMPLE, "step_compression", "acceptance_rate", "compile_seconds"})
+                      "sec_per_pass_cv_pct", NFE_PER_SAMPLE, "step_compression", "acceptance_rate", "compile_seconds"})
 PER_ARM = re.compile(r".+_per_sample|samples_per_sec_rank\d+")
 # The method against the reference arm: logged bare only.
 COMPARISONS = frozenset({SPEEDUP_WALL, f"{SPEEDUP_WALL}_noisy", SPEEDUP_STEPS, SPEEDUP_FLOPS})
