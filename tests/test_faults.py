@@ -124,7 +124,7 @@ def mounts(tmp_path):
 
 
 def fill(folder: Path) -> Path:
-    """`folder`'s file system filled to the last page; delete the file returned to free it."""
+    """`folder`'s file system filled to the last page by the file `folder/filler`: delete it to free it."""
     filler = folder / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:
@@ -222,13 +222,7 @@ def test_a_full_disk_under_the_spool_fails_in_one_line_and_the_rerun_resumes(fau
                                                                              capsys):
     uri = _store(new_store, tmp_path / "store")
     cache = mounts.tmpfs(tmp_path / "cache", "1m")
-    filler = None
-
-    def fill_cache():
-        nonlocal filler
-        filler = fill(cache)
-
-    fault.action, fault.at = fill_cache, 3  # in the third batch: two are spooled
+    fault.action, fault.at = (lambda: fill(cache)), 3  # in the third batch: two are spooled
     assert _run(tmp_path, uri, "faulty-ar") == 1
     batch = _spool(tmp_path) / "method" / "0000002.pt"
     line = f"cannot write {batch}: {FULL}"
@@ -237,7 +231,7 @@ def test_a_full_disk_under_the_spool_fails_in_one_line_and_the_rerun_resumes(fau
     assert failed.info.status == "FAILED" and failed.data.tags[ERROR_TAG] == f"WriteFailed: {line}"
     assert sorted(p.name for p in batch.parent.iterdir()) == ["0000000.pt", "0000001.pt"] and not _left_over(tmp_path)
 
-    filler.unlink()
+    (cache / "filler").unlink()
     assert _run(tmp_path, uri, "faulty-ar") == 0
     rerun = _runs(uri)[1]
     assert rerun.info.status == "FINISHED" and rerun.data.tags["resumed_from"] == "2"
@@ -247,13 +241,7 @@ def test_a_full_disk_under_the_cache_fails_in_one_line_leaving_no_part_of_the_en
                                                                                     tmp_path, capsys):
     uri = _store(new_store, tmp_path / "store")
     cache = mounts.tmpfs(tmp_path / "cache", "1m")
-    filler = None
-
-    def fill_cache():
-        nonlocal filler
-        filler = fill(cache)
-
-    fault.action = fill_cache  # as the method fits: its pair dataset does not fit
+    fault.action = (lambda: fill(cache))  # as the method fits: its pair dataset does not fit
     pairs = ["--param", "n_pairs=16", "--n-samples", "2"]
     assert _run(tmp_path, uri, "faulty-onestep", *pairs) == 1
     line = _one_line(capsys)[len("accelbench: "):]
@@ -262,7 +250,7 @@ def test_a_full_disk_under_the_cache_fails_in_one_line_leaving_no_part_of_the_en
     assert failed.info.status == "FAILED" and failed.data.tags[ERROR_TAG] == f"WriteFailed: {line}"
     assert not list(cache.glob("dd-pairs/*")) and not _left_over(tmp_path)  # no part of the entry, no temp file
 
-    filler.unlink()
+    (cache / "filler").unlink()
     assert _run(tmp_path, uri, "faulty-onestep", *pairs) == 0
     assert _runs(uri)[1].info.status == "FINISHED"
     (entry,) = (cache / "dd-pairs").iterdir()
@@ -273,18 +261,12 @@ def test_a_full_disk_under_the_store_database_fails_in_one_line_and_the_rerun_re
                                                                                       tmp_path, capsys):
     store = mounts.tmpfs(tmp_path / "store", "4m")
     uri = _store(new_store, store)
-    filler = None
-
-    def fill_store():
-        nonlocal filler
-        filler = fill(store)
-
-    fault.action, fault.at = fill_store, 2  # in the second batch: the run and its params are written, not its metrics
+    fault.action, fault.at = (lambda: fill(store)), 2  # second batch: the run and its params written, not its metrics
     assert _run(tmp_path, uri, "faulty-ar") == 1
     assert _one_line(capsys) == f"accelbench: cannot write {store / 'mlflow.db'}: {FULL}"
     assert len(list((_spool(tmp_path) / "method").glob("*.pt"))) == 4 and not _left_over(tmp_path)
 
-    filler.unlink()
+    (store / "filler").unlink()
     assert _run(tmp_path, uri, "faulty-ar") == 0
     failed, rerun = _runs(uri)
     assert failed.info.status == "RUNNING"  # its end could not be recorded either
