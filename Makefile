@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 # 7.4x against 5.1x, SDTT round 3 8.7x against 7.3x; SJD 0.97x against 0.94x); beside two busy processes, 1 thread
 # takes 352 s and its speed-ups stay near its idle ones (SJD 1.02x, DD-1 4.2x, SDTT 8.1x), while 2 threads fight the
 # neighbours for both cores: 7 trials in 13 min, SJD (repeat-left) 0.98x -> 0.67x, Jacobi 0.73x -> 0.53x. A speed-up
-# must not depend on what else the laptop runs, so 1 thread (the thread count is a run tag); the report marks ⚠
+# must not depend on what else the laptop runs, so 1 thread (the thread count is a run tag). The whole suite (3 seeds)
+# on 1 thread: 455 s idle, 839 s beside two busy processes; 7 and 42 of its 63 runs flagged noisy. The report marks ⚠
 # a wall speed-up whose arms' time per forward pass spread by more than 10 %. One warm-up batch per arm instead of 2
 # gives the same wall speed-ups within the seed spread (CSpD 0.272+-0.004 vs 0.284+-0.001, ARD 10.20+-0.18 vs
 # 10.03+-0.09, SDTT 8.20+-0.29 vs 7.10+-0.54, 3 warm-ups 8.12+-0.12). Both are logged as run params.

@@ -287,7 +287,7 @@ def run_trial(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = Run
     # reference draws are shared between trials timed under the latency protocol anyway (`latency_batch`): for the
     # others, side-by-side timing of both arms' quality batches costs less than the protocol's calls would
     share = world.main and p.trial.latency_batch > 0
-    with claim(cache.root, p.trial, git_sha()) if world.main else contextlib.nullcontext() as spool, \
+    with claim(cache.root, p.trial, spool_version(opts)) if world.main else contextlib.nullcontext() as spool, \
             shared_arm(cache.root, reference_key(p)) if share else contextlib.nullcontext() as shared:
         if world.main:
             ended = [run_id for run_id, line in tracker.end_orphans(f"tags.trial_key = '{p.trial.key()}'",
@@ -326,6 +326,13 @@ def run_lambada(p: Plan, *, cache: Cache, tracker: Tracker, opts: RunOptions = R
     return execute(p, score, kind=LAMBADA, name=f"lambada[{','.join(p.tasks)}] {run_name(p)}", cache=cache,
                    tracker=tracker, opts=opts, tags={**paper_tags(p.paper), "lm_eval.tasks": ",".join(p.tasks),
                                                      **(tags or {})})
+
+
+def spool_version(opts: RunOptions) -> str:
+    """What a spooled batch's samples and wall time depend on beyond the trial: the code version and the torch
+    threads it was drawn on. A resumed trial reads batches drawn under the same, never timings of another thread
+    count beside its own (`core.spool.claim` discards a spool of another)."""
+    return f"{git_sha()} threads={opts.threads}"
 
 
 def reference_key(p: Plan) -> str:

@@ -96,9 +96,10 @@ class TrialSpool:
 @contextlib.contextmanager
 def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
     """The trial's spool, held by this process (an exclusive lock, released by the kernel if it dies) for as long as
-    the block runs; the caller removes it once the trial's run is logged. A spool drawn by another code version
-    `version` is discarded first. When another live process holds the trial's spool (the same trial run twice at
-    once), this one samples into a private spool, removed at the end: two processes never share batches."""
+    the block runs; the caller removes it once the trial's run is logged. A spool drawn under another `version` is
+    discarded first. When another live process holds the trial's spool (the same trial run twice at
+    once), this one samples into a private spool, removed at the end: two processes never share batches. `version`:
+    what the batches depend on beyond the trial (`bench.runner.spool_version`: the code version, the threads)."""
     base = root / SPOOL_DIR
     base.mkdir(parents=True, exist_ok=True)
     key = trial.key()
@@ -112,8 +113,8 @@ def claim(root: Path, trial, version: str) -> Iterator[TrialSpool]:
                   f"will not resume", file=sys.stderr)
         meta = {"version": version, "trial_key": key}
         if (folder / "meta.json").is_file() and _read_json(folder / "meta.json") != meta:
-            print(f"accelbench: the spooled samples in {folder} were drawn by another code version; starting the "
-                  f"trial over", file=sys.stderr)
+            print(f"accelbench: the spooled samples in {folder} were drawn by another code version or thread "
+                  f"count; starting the trial over", file=sys.stderr)
             shutil.rmtree(folder, ignore_errors=True)
         spool = TrialSpool(folder)
         if not (folder / "meta.json").is_file():

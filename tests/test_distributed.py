@@ -227,6 +227,14 @@ def test_a_trial_run_twice_at_once_samples_into_a_private_spool(tmp_path, capsys
     assert resumable(tmp_path) == []
 
 
+def test_a_spool_drawn_on_another_thread_count_is_not_resumed():
+    """Its batch times were measured on other threads: a resumed run would mix them into its wall figures."""
+    from bench.runner import RunOptions, spool_version
+
+    assert spool_version(RunOptions(threads=1)) != spool_version(RunOptions(threads=2))
+    assert spool_version(RunOptions(threads=2, warmup=0)) == spool_version(RunOptions(threads=2))
+
+
 def test_numerics_and_device_options_reach_the_trial_and_a_suites_trials(tmp_path):
     from cli import build_parser, options
     from cli.trials import _trial_from_args
