@@ -39,7 +39,7 @@ from core.paper import paper_tags
 from core.rng import batch_seed
 from core.samples import Samples
 from core.spool import ArmSpool, Batch, TrialSpool, claim, shared_arm
-from core.latency import LatencyProtocol, cv_pct
+from core.latency import Latency, LatencyProtocol, cv_pct
 from core.timing import latency_stats, stopwatch
 from bench import cost
 from bench.plan import Plan, run_name
@@ -147,6 +147,13 @@ def _time_arms(arms: dict[str, Any], conds: torch.Tensor, t: Trial, protocol: La
     if len(cond) < batch:  # fewer samples than the timed batch: the conditions repeat
         cond = cond.repeat((batch + len(cond) - 1) // len(cond), *([1] * (cond.dim() - 1)))[:batch]
     return cost.time_calls(arms, cond, t, protocol, device)
+
+
+# What every arm of a trial logs (bare for the method's arm, under "<arm>/" for the others): its batch times
+# (`latency_stats`, here of one batch), the latency protocol's figures, what `_arm_metrics` adds; a sweep's spec is
+# checked against them (`sweeps.spec.never_logged`).
+ARM_KEYS = frozenset({*latency_stats([1.0], [1]), *Latency((1.0,), 1, 0.0, 1.0).metrics(), "sec_per_sample_cv_pct",
+                      "sec_per_pass_cv_pct", NFE_PER_SAMPLE, "step_compression", "acceptance_rate", "compile_seconds"})
 
 
 def _arm_metrics(r: ArmResult, n: int) -> dict[str, float]:

@@ -26,10 +26,9 @@ from typing import Any
 
 from core.config import check_seeds, read_yaml_mapping
 from core.errors import UserError
-from core.latency import Latency
 from core.names import NFE_PER_SAMPLE, SPEEDUP_FLOPS, SPEEDUP_STEPS, SPEEDUP_WALL
-from core.timing import latency_stats
 from bench.plan import Plan, plan
+from bench.runner import ARM_KEYS
 from core.trial import Trial
 from methods.base import Method
 
@@ -38,11 +37,8 @@ SPEC_FIELDS = {"study", "experiment", "base", "space", "objectives", "constraint
 PARAM_TYPES = ("int", "float", "categorical")
 SAMPLERS = ("tpe", "nsga2", "grid")
 PRUNERS = ("none", "median")
-# What `bench.runner` logs for every arm of a trial, bare for the method's arm and under "<arm>/" for the others: its
-# batch times (`latency_stats`, here of one batch), the latency protocol's figures, the fixed counters; a method's own
-# counters and the FLOPs add "<name>_per_sample" (`PER_ARM`), a data-parallel arm "samples_per_sec_rank<r>".
-ARM_KEYS = frozenset({*latency_stats([1.0], [1]), *Latency((1.0,), 1, 0.0, 1.0).metrics(), "sec_per_sample_cv_pct",
-                      "sec_per_pass_cv_pct", NFE_PER_SAMPLE, "step_compression", "acceptance_rate", "compile_seconds"})
+# beyond `ARM_KEYS`: a method's own counters and the FLOPs add "<name>_per_sample", a data-parallel arm
+# "samples_per_sec_rank<r>"
 PER_ARM = re.compile(r".+_per_sample|samples_per_sec_rank\d+")
 # The method against the reference arm: logged bare only.
 COMPARISONS = frozenset({SPEEDUP_WALL, f"{SPEEDUP_WALL}_noisy", SPEEDUP_STEPS, SPEEDUP_FLOPS})
