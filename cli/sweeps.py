@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from cli import options
+from cli.serve import check_port_free
 from core.errors import UserError
 
 
@@ -119,6 +120,7 @@ def cmd_dashboard(args) -> int:
 
     from sweeps.study import StorageOptions, make_storage
 
+    check_port_free(args.host, args.port)
     storage = make_storage(StorageOptions(args.storage))
     print(f"optuna-dashboard on http://{args.host}:{args.port} for {args.storage} (Ctrl-C to stop)")
     run_server(storage, host=args.host, port=args.port)

@@ -4,16 +4,22 @@ them (scripts/ui_screenshot.py)."""
 import json
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
 import cli
+import cli.store
 from bench.tracking import VIEW_TAG, Tracker
+from cli.serve import answers, serve
 from core.names import KIND_TAG, TRIAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +49,7 @@ def runs(tmp_path):
 
 def ui(store, capsys, monkeypatch, *args) -> dict[str, str]:
     """{"runs table" or "compare": URL} as `accelbench ui` prints them, the server not started."""
-    monkeypatch.setattr(subprocess, "call", lambda cmd, env: 0)
+    monkeypatch.setattr(cli.store, "serve", lambda *args: 0)
     assert cli.main(["ui", "--tracking-uri", store, "--port", "5999", *args]) == 0
     return dict(re.findall(r"^  accelbench, (runs table|compare)[^\n]*: (\S+)$", capsys.readouterr().out, re.M))
 
@@ -83,7 +89,7 @@ def test_ui_urls_open_the_headline_columns_and_two_runs_compared(runs, capsys, m
 
 def test_ui_refuses_a_run_to_compare_it_cannot_find_in_one_line(runs, capsys, monkeypatch):
     store, (sjd, _, _) = runs
-    monkeypatch.setattr(subprocess, "call", lambda cmd, env: pytest.fail("the server started"))
+    monkeypatch.setattr(cli.store, "serve", lambda *args: pytest.fail("the server started"))
     assert cli.main(["ui", "--tracking-uri", store, "--compare", sjd, "f" * 32]) == 2
     assert f"--compare: Run with id={'f' * 32} not found" in capsys.readouterr().err
 
@@ -108,3 +114,54 @@ def test_a_browser_shows_the_headline_columns_and_two_runs_compared(runs, tmp_pa
                   "jacobi digits-ar-t2i"):
         assert shown in compare, shown
     assert "sdtt wordnet-mdlm" not in compare
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_ui_stops_its_whole_server_and_frees_the_port(runs, tmp_path, sig):
+    """`kill PID` (or Ctrl-C) on `accelbench ui` stops MLflow's server and its uvicorn worker too: nothing is left on
+    the port and no process of the tree survives."""
+    store, _ = runs
+    port, log = free_port(), tmp_path / "ui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "ui", "--tracking-uri", store, "--port", str(port)],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not answers("127.0.0.1", port):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert tree, "the server runs in child processes"
+        proc.send_signal(sig)
+        assert proc.wait(30) == {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 130}[sig]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not answers("127.0.0.1", port), "the port is still served after the command ended"
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {[p.cmdline() for p in alive]}"
+
+
+def test_ui_on_a_taken_port_exits_non_zero_in_one_line(runs, capsys, monkeypatch):
+    store, _ = runs
+    monkeypatch.setattr(cli.store, "serve", lambda *args: pytest.fail("the server started"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["ui", "--tracking-uri", store, "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot serve on 127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_a_server_that_exits_before_serving_is_an_error_in_one_line(capsys):
+    code = serve([sys.executable, "-c", "print('address already in use')"], {}, "127.0.0.1", free_port(), "the server")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the server exited with code 0 before it served" in err
