@@ -319,7 +319,8 @@ class SDTT(Method):
 
     def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
-        KV cache ("ar") at the same length and batch size, each its own family's sampler."""
+        KV cache ("ar") at the same length and batch size, each its own family's sampler; the LM's samples hold the
+        prompt it continued (`AfterPrompt`), as the MDLM arms' do."""
         cfg = self.config
         arms = {"same_steps": TeacherSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
@@ -328,8 +329,21 @@ class SDTT(Method):
             # GPT-2 after its BOS against MDLM-OWT's 1024; 50 after a 50-token prompt in `mdlm-owt-prompted`)
             n = min(lm.seq_len, self.teacher.seq_len - getattr(self.teacher, "prompt_tokens", 0))
             lm.seq_len, lm.grid = n, (n,)
-            arms["ar"] = TeacherSampler(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
+            arms["ar"] = AfterPrompt(lm, ar_token.SamplingConfig(top_p=cfg.ar_top_p))
         return arms
+
+
+class AfterPrompt(TeacherSampler):
+    """A causal LM's own sampler whose samples are the prompt it continued followed by its new tokens, as the release's
+    AR sampler returns them (jdeschena/sdtt 9172b86 src/sdtt/core/ar.py:100-104, 136: `input_ids` starts as the
+    prefix and each new token is appended) and as the MDLM arms' samples hold their in-painted prompt
+    (`md.sample_ancestral`): under SDTT's conditional protocol every arm's text metrics then read the prompt the same
+    way, as gen-PPL's context and in MAUVE's features (`metrics.base.prompt_length`). An unconditional teacher's prompt
+    is empty: the new tokens alone."""
+
+    def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:
+        out = super().sample(cond, generator=generator)
+        return Samples(torch.cat([cond, out.data], 1), cond, out.counters)
 
 
 def _cpu(state):

@@ -87,6 +87,26 @@ class Metric:
         raise NotImplementedError
 
 
+def prompt_length(metric: str, teacher: Any, texts: Any, cond: torch.Tensor) -> int:
+    """The P prompt tokens every sample of `texts` begins with, on a teacher of a prompted protocol (`protocol`:
+    SDTT's `mdlm-owt-prompted`, docs/methods/sdtt.md "Evaluation protocol"); 0 on any other teacher.
+
+    Under such a protocol every arm's sample is its prompt followed by its continuation, as SDTT's release keeps them
+    (jdeschena/sdtt 9172b86: the MDLM samplers write the prefix back after every step,
+    core/distill/multi_round_sdtt.py:652-656; the AR sampler starts from it and appends each new token,
+    core/ar.py:100-104, 136), so that a metric reads the prompt as context (gen-PPL, MAUVE's features) or leaves it
+    out (self-BLEU, entropy) the same way in every arm. A sample whose ids (`texts.tokens`) do not begin with its
+    prompt (`cond`, (B, P)) is refused in one line: scored alone, a continuation would lose its context."""
+    if getattr(teacher, "protocol", None) is None:
+        return 0
+    tokens, P = getattr(texts, "tokens", None), cond.shape[1]
+    if tokens is None or tokens.shape[1] <= P or not torch.equal(tokens[:, :P].cpu(), cond.cpu()):
+        raise ValueError(f"{metric}: teacher {teacher.name!r}'s prompted protocol ({teacher.protocol}) scores each "
+                         f"sample as its {P}-token prompt followed by its continuation; these samples do not begin "
+                         f"with their prompts (an arm must return prompt + continuation)")
+    return P
+
+
 class ImageFeatureMetric(Metric):
     """An image metric in the features (or logits) of a `metrics.features` extractor, chosen with "name@extractor".
 

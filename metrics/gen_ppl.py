@@ -40,8 +40,22 @@ teacher's decode without it, or the texts of a teacher that keeps no ids (a tiny
 Departures, the same in both: a sample longer than the evaluator's context (never in SDTT: 1024 tokens under GPT-2's
 1024 positions) is read in windows of the context as MDLM's code reads it, not refused; SDTT's AR samples keep the
 BOS they were generated from (src/sdtt/core/ar.py:113-118), so their first generated token is scored given it, while
-an AR teacher's samples here (`hf:<folder>`, SDTT's AR arm) are the generated tokens alone, the first of them context
-only (1 of 1023 predictions).
+an AR teacher's unconditional samples here (`hf:<folder>`, SDTT's AR arm on `mdlm-owt`) are the generated tokens
+alone, the first of them context only (1 of 1023 predictions).
+
+On a teacher of a prompted protocol (`mdlm-owt-prompted`: SDTT's conditional samples, a 50-token WebText prompt and 50
+new tokens) the perplexity is the paper's conditional one, of the continuation, "prompt excluded" (SDTT App. A, Fig.
+18(c); §4.1 compares the students with GPT-2 nucleus on it, Fig. 18), its key the protocol's after the evaluator's
+("gen_ppl.gpt2-large.sdtt.webtext-prompted"). Every arm's sample is its prompt followed by its continuation
+(`metrics.base.prompt_length`: the MDLM arms in-paint the prompt, SDTT's `ar` arm returns it before its new tokens, as
+the release's samplers return them): the evaluator reads the whole sequence and only the continuation's tokens are
+scored, each given the prompt and the continuation before it (50 predictions of a 100-token sample; the first one given
+the 50 prompt tokens). Under SDTT's protocol with the teacher's tokenizer those are the sampled ids; under another
+tokenizer the prompt and the continuation are decoded and tokenised apart (`CausalLMEvaluator._sdtt_continuations`). The
+release has no code for this perplexity (its run_eval.py:192-275 scores unconditional samples only) and MDLM's protocol
+has no prompt: `:mdlm` is refused on such a teacher. Scoring the whole 100 tokens (49 of the 99 predictions real
+WebText) or a continuation without its prompt (a context-free start) measures neither the paper's quantity nor anything
+a comparison of arms needs, so neither is kept as a mode.
 
 Evaluators:
 - `gen_ppl` / `gen_ppl@smollm2` (key "gen_ppl.smollm2-135m-instruct-q4", `sdtt`; "...-q4.mdlm" after `:mdlm`; the
@@ -62,7 +76,7 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError
-from metrics.base import Metric
+from metrics.base import Metric, prompt_length
 from teachers import load_teacher
 from teachers.pretrained import hf_folder, smollm2
 from teachers.pretrained.hf_causal_lm import context_length
@@ -116,13 +130,18 @@ class CausalLMEvaluator:
         self.pooled = protocol == "mdlm"  # a mean over tokens, not over samples' means
         self.shared = same_tokenizer(teacher, self.lm.tokenizer)
 
-    def scores(self, texts: list[str]) -> torch.Tensor:
-        """(B, 2): each sample's summed NLL and scored tokens. `texts` may carry their token ids (`Texts.tokens`)."""
+    def scores(self, texts: list[str], prompt: int = 0) -> torch.Tensor:
+        """(B, 2): each sample's summed NLL and scored tokens. `texts` may carry their token ids (`Texts.tokens`).
+        `prompt`: the P ids every sample begins with under a prompted protocol (`metrics.base.prompt_length`), read
+        as context and never scored: each continuation token is scored given its prompt and the continuation before
+        it (SDTT App. A, Fig. 18: the conditional perplexity, "prompt excluded"; the module's docstring)."""
         tokens = getattr(texts, "tokens", None)
-        if self.protocol == "mdlm":
+        if self.protocol == "mdlm":  # never on a prompted protocol (`GenPPL.check_teacher`)
             return self._mdlm(texts, tokens)
         if not self.shared:
             specials = getattr(getattr(self.teacher, "tokenizer", None), "all_special_tokens", ())
+            if prompt:
+                return self._sdtt_continuations(tokens, prompt, specials)
             return self._sdtt_texts([_without(t, specials).strip() for t in self.decoded(texts, tokens)])
         if tokens is None:
             raise ValueError(f"gen_ppl.{self.name}: SDTT's protocol scores the teacher's token ids, and these texts "
@@ -130,7 +149,31 @@ class CausalLMEvaluator:
         out = []
         for i in range(0, len(tokens), BATCH):
             nll = self.lm.window_nll(tokens[i : i + BATCH])  # (b, N)
-            out.append(sum_and_count(nll, ~nll.isnan()))
+            continuation = torch.arange(nll.shape[1]) >= prompt  # the prompt's tokens: context only
+            out.append(sum_and_count(nll, ~nll.isnan() & continuation))
+        return torch.cat(out)
+
+    def _sdtt_continuations(self, tokens: torch.Tensor, prompt: int, specials) -> torch.Tensor:
+        """SDTT's text path (run_eval.py:148-161) with each prompt as context, for an evaluator of another tokenizer:
+        the prompt's ids and the continuation's decoded apart (`decoded`), their special tokens removed, the prompt
+        left-stripped and tokenised with the evaluator's special tokens (Llama-3's BOS), the continuation
+        right-stripped and tokenised without, so that no evaluator token spans both; the continuation's tokens alone
+        are scored, after the prompt's. The release scores unconditional samples only (Fig. 18's conditional
+        perplexity has no code there), so the split is ours."""
+        tok = self.lm.tokenizer
+        heads = tok([_without(t, specials).lstrip() for t in self.decoded([], tokens[:, :prompt])])["input_ids"]
+        tails = tok([_without(t, specials).rstrip() for t in self.decoded([], tokens[:, prompt:])],
+                    add_special_tokens=False)["input_ids"]
+        out = []
+        for i in range(0, len(heads), BATCH):
+            rows = [h + t for h, t in zip(heads[i : i + BATCH], tails[i : i + BATCH])]
+            ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)  # right padding: masked, not scored
+            mask, scored = torch.zeros_like(ids), torch.zeros(ids.shape, dtype=torch.bool)
+            for r, (head, row) in enumerate(zip(heads[i : i + BATCH], rows)):
+                ids[r, : len(row)], mask[r, : len(row)] = torch.tensor(row, dtype=torch.long), 1
+                scored[r, len(head) : len(row)] = True
+            nll = self.lm.window_nll(ids, mask)
+            out.append(sum_and_count(nll, scored & ~nll.isnan()))
         return torch.cat(out)
 
     def _sdtt_texts(self, texts: list[str]) -> torch.Tensor:
@@ -232,16 +275,32 @@ class GenPPL(Metric):
             return f"gen_ppl: {reason}" if reason else None
         return None
 
+    @classmethod
+    def check_teacher(cls, teacher: str, teacher_cls, extractor: str | None, checkpoints: Path) -> None:
+        """MDLM's protocol scores whole unconditional samples (diffusion.py:514-573): refused on a prompted protocol,
+        whose perplexity is of each continuation after its prompt."""
+        protocol = getattr(teacher_cls, "protocol", None)
+        if protocol and parse(extractor)[1] == "mdlm":
+            raise UserError(f"metric gen_ppl@{extractor}: MDLM's protocol scores whole unconditional samples; teacher "
+                            f"{teacher!r}'s prompted protocol ({protocol}) scores each continuation after its prompt, "
+                            f"under SDTT's: gen_ppl@{extractor.removesuffix(':mdlm')}")
+
     def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
         super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
         self.evaluator = evaluator(extractor, teacher, cache, device, checkpoints)
-        self.extractor = self.evaluator.name
+        # a prompted protocol's perplexity is of the continuations (e.g. "gen_ppl.gpt2-large.sdtt.webtext-prompted"),
+        # named apart from the whole samples' as MAUVE's and self-BLEU's keys are
+        protocol = getattr(teacher, "protocol", None)
+        self.extractor = self.evaluator.name + (f".{protocol}" if protocol else "")
         self._scores: list[torch.Tensor] = []
 
     def update(self, texts: list[str], cond) -> None:
         """`texts`: B decoded samples; a teacher of Hugging Face tokens decodes into `core.samples.Texts`, which keep
-        their ids for SDTT's protocol."""
-        self._scores.append(self.evaluator.scores(texts))
+        their ids for SDTT's protocol. On a prompted protocol each begins with its prompt (`cond`), scored as context
+        only."""
+        prompt = prompt_length(f"{self.name}.{self.extractor}", self.teacher, texts, cond)
+        # the tiny teachers, whose companion LM is `CompanionEvaluator`, have no prompted protocol
+        self._scores.append(self.evaluator.scores(texts, prompt) if prompt else self.evaluator.scores(texts))
 
     def compute(self, seed: int = 0) -> dict[str, float]:
         if not self._scores:

@@ -9,8 +9,13 @@ The paper featurises with GPT-2 large from the hub; offline the features come fr
 state of any local Hugging Face causal LM, the paper's own featuriser with `hf:gpt2-large`
 (`teachers.pretrained.hf_folder`). The reference side is the teacher's test split (`reference_texts`), its features
 cached on disk. On a teacher of a prompted protocol (`mdlm-owt-prompted`: SDTT's, 5 continuations of each 50-token
-WebText prompt, featurised with the prompt) the references are the prompts' real documents and the key ends with the
-protocol's name.
+WebText prompt) the references are the prompts' real 100-token prefixes and the key ends with the protocol's name;
+every arm is featurised on its prompt followed by its continuation, as the references are and as the release
+featurises its samples (jdeschena/sdtt 9172b86 src/sdtt/run_eval.py:52-60: the first `max_num_tokens` = 100 ids of each
+sample, config.yaml:122, which begin with the prefix: the MDLM samples in-paint it,
+core/distill/multi_round_sdtt.py:652-656, the AR samples start from it, core/ar.py:100-104, 136). SDTT's GPT-2 arm
+returns its prompt before its new tokens for this (`methods.sdtt`); a sample without its prompt is refused
+(`metrics.base.prompt_length`): featurised alone it would be compared with references that carry theirs.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 from core.cache import Cache, config_key
 from core.errors import UserError
 from core.training import library_bars
-from metrics.base import Metric
+from metrics.base import Metric, prompt_length
 from teachers.pretrained import hf_folder
 
 REPEATS = 5  # k-means seeds, as the paper averages 5 runs
@@ -102,6 +107,7 @@ class MAUVE(Metric):
         self._texts: list[str] = []
 
     def update(self, texts: list[str], cond) -> None:
+        prompt_length(self.name, self.teacher, texts, cond)  # a prompted protocol's samples carry their prompts
         self._texts.extend(texts)
 
     def compute(self, seed: int = 0) -> dict[str, float]:

@@ -2,7 +2,10 @@
 to generative perplexity: a sampler that repeats a few tokens scores a deceptively low perplexity and a low entropy.
 
 Per sample: the entropy (nats) of the empirical distribution of its token ids under the teacher's tokenizer (the text
-teachers' `encode`; `torch.distributions.Categorical`); the metric is the mean over samples.
+teachers' `encode`; `torch.distributions.Categorical`); the metric is the mean over samples. On a teacher of a
+prompted protocol (`mdlm-owt-prompted`) it is the entropy of each continuation, its prompt left out as self-BLEU leaves
+it out (a real text the 5 continuations of a prompt share, half of each sample, would pull every arm toward WebText's
+entropy), key "entropy.tokens.<protocol>".
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from metrics.base import Metric
+from metrics.base import Metric, prompt_length
 
 
 class TokenEntropy(Metric):
@@ -19,13 +22,17 @@ class TokenEntropy(Metric):
     name = "entropy"
     higher_is_better = True
     modality = "text"
-    extractor = "tokens"
 
     def __init__(self, teacher, *, cache, device, checkpoints, extractor=None):
         super().__init__(teacher, cache=cache, device=device, checkpoints=checkpoints)
+        protocol = getattr(teacher, "protocol", None)
+        self.extractor = "tokens" + (f".{protocol}" if protocol else "")
         self._values: list[float] = []
 
     def update(self, texts: list[str], cond) -> None:
+        prompt = prompt_length(self.name, self.teacher, texts, cond)
+        if prompt:  # the continuations, decoded as the teacher decodes its samples
+            texts = self.teacher.decode(texts.tokens[:, prompt:])
         for ids in self.teacher.encode(list(texts)):
             counts = torch.tensor(list(Counter(ids).values()), dtype=torch.float64) if ids else torch.ones(1)
             self._values.append(float(torch.distributions.Categorical(probs=counts / counts.sum()).entropy()))
