@@ -20,6 +20,7 @@ from core.config import read_yaml_mapping
 from core.errors import UserError
 from core.files import Needed
 from core.latency import LatencyProtocol
+from core.paper import TEXT_KEYS
 from core.trial import MAX_COUNT
 from bench.plan import Plan
 from methods.base import Passes, TeacherSampler
@@ -204,8 +205,8 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         lines.append(f"trial {i}/{len(entries)}: {t.method}{f'[{knobs}]' if knobs else ''} on {t.teacher}, seed "
                      f"{t.seed}: {work}, {len(needed)} files ({missing} missing)")
         if paper := p.paper:
-            lines.append(f"  paper: {', '.join(f'{k} {v:g}' for k, v in paper.items() if k != 'source')} "
-                         f"({paper['source']})")
+            lines.append(f"  paper: {', '.join(f'{k} {v:g}' for k, v in paper.items() if k not in TEXT_KEYS)} "
+                         f"({paper['source']})" + (f"; note: {paper['note']}" if "note" in paper else ""))
         if p.tasks:  # scored, not sampled: its passes depend on the documents' choices, known only from the data
             lines.append("  passes and cost: not planned (lm-eval scores the model's log-likelihoods; nothing is "
                          "sampled)")

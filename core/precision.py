@@ -1,10 +1,14 @@
-"""A trial's numerics, the same for every arm: the dtype its samplers compute in, TF32 matmuls on CUDA, torch.compile.
+"""A trial's numerics: the dtype its samplers compute in, TF32 matmuls on CUDA, torch.compile.
 
 `dtype` bf16 or fp16 runs each arm's sampler under `torch.autocast` (weights stay float32; matmuls and convolutions
 compute in the low precision, reductions such as softmax and norms in float32, as autocast's op lists decide). The
-papers' own scripts either autocast (MAR's `torch.cuda.amp.autocast`, VAR's) or cast the weights (LlamaGen's
+papers' own scripts either autocast (MAR's `torch.cuda.amp.autocast`, VAR's demo) or cast the weights (LlamaGen's
 `--precision bf16`, Emu3's `torch_dtype=bfloat16`); autocast is the one switch that applies to every teacher and
 student unchanged, and it is what we do for all of them. Samples are decoded and scored in float32.
+
+A method may run a part of its arm in another dtype than the trial's where the release does (DD's students run in
+float32 beside a bfloat16 teacher: `methods.dd`, `student_dtype`): `autocast` nests, the inner dtype replacing the
+trial's inside it, fp32 turning autocast off.
 
 `compile` wraps the repeated blocks of every network the arms run (the modules inside an `nn.ModuleList`: transformer
 blocks, DiT blocks; a network without such a list is compiled whole) in `torch.compile`; the first calls, the
@@ -24,11 +28,14 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @contextlib.contextmanager
 def autocast(device: torch.device, dtype: str) -> Iterator[None]:
-    """The trial's compute dtype around a sampler call (no-op for fp32)."""
-    if dtype == "fp32":
+    """`dtype` as the compute dtype inside the block: the trial's around a sampler call, or a part of an arm's inside
+    it (fp32 switches an enclosing autocast off). A device autocast does not know (the cost mode's meta device)
+    computes in its weights' dtype either way."""
+    if not torch.amp.is_autocast_available(device.type) or (
+            dtype == "fp32" and not torch.is_autocast_enabled(device.type)):
         yield
         return
-    with torch.autocast(device.type, dtype=DTYPES[dtype]):
+    with torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "fp32"):
         yield
 
 

@@ -20,6 +20,16 @@ the pairs map every token of a scale at once, and the student is `dd_student.VAR
 
 With `student=<file>` nothing is trained: DD's released student (VAR-d16/20/24-DD, LlamaGen-B/L-DD;
 `methods.dd_released`) samples through the same steps, with the released commands' t2 and split by default.
+
+Precision (`student_dtype`, docs/methods/dd.md "Precision"): the student's steps, their nearest-code projection
+included, compute in float32 whatever the trial's dtype, as the release runs its students
+(microsoft/distilled_decoding 3b95d33: LlamaGen/autoregressive/sample/eval_fewstep.py:64 and eval_combine_sample.py:66
+move the student with `.to(device)`, the `precision` parsed at :54 / :56 never applied to it; VAR/sample.py:50-72 and
+VAR/combine_sample.py:50-83 neither cast nor autocast), TF32 on CUDA (eval_fewstep.py:8-10; VAR/utils/arg_util.py:127,
+applied at :257: the trial's `tf32`). The teacher's part of an arm (pre-trained-ts-t2's segment) and the reference
+arm run in the trial's dtype: bfloat16 weights for LlamaGen's (eval_combine_sample.py:98), float32 for VAR's
+(VAR/combine_sample.py:64-74). `student_dtype=bf16` (or fp16) is the low-precision student of a trial run at
+`--dtype bf16` before this knob existed.
 """
 from __future__ import annotations
 
@@ -34,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel
 
-from core import distributed
+from core import distributed, precision
 from core.cache import CHECKPOINTS_ENV, Cache, keyed
 from core.errors import UserError
 from core.rng import seeded
@@ -75,6 +85,9 @@ class DDConfig(PairKnobs):
     # A released DD student (`methods.dd_released`: VAR-d16/20/24, LlamaGen-B/L) in the checkpoints folder, e.g.
     # var-d16.pth, in place of training one; t2 and split then default to the released commands'. Empty: train ours.
     student: str = ""
+    # The dtype the student's steps compute in, whatever the trial's: fp32, as the release runs every DD student
+    # (eval_fewstep.py:64, eval_combine_sample.py:66, VAR/sample.py:50-72; the module's docstring)
+    student_dtype: str = "fp32"
     # training (Alg. 2); the pairs (Alg. 1) are the PairKnobs: n_pairs, solver, solver_steps, train_seed
     train_steps: int = 2000  # pairs + training: 11.6 min on 2 cores for digits-ar-c2i (3000 steps: over 15 min)
     batch: int = 128
@@ -95,6 +108,8 @@ class DDConfig(PairKnobs):
         refuse_greedy(self.sampling, "dd")
         if self.steps not in (1, 2):
             raise ValueError(f"steps must be 1 or 2, got {self.steps}")
+        if self.student_dtype not in precision.DTYPES:
+            raise ValueError(f"student_dtype must be one of {', '.join(precision.DTYPES)}, got {self.student_dtype!r}")
         if self.ts and (self.steps != 2 or self.ts < 1):
             raise ValueError(f"ts > 0 (pre-trained-ts-t2) needs steps=2 and ts >= 1, got steps={self.steps}, "
                              f"ts={self.ts}")
@@ -297,12 +312,18 @@ class DD(Method):
         tokens = torch.zeros(B, n, dtype=torch.long, device=cond.device)
         passes = 0
         if cfg.ts != 1:  # Alg. 4 with ts = 1 starts with the teacher: no first DD step
-            tokens, passes = student.predict(cond, tokens, noise, 0, self.split), 1
+            tokens, passes = self._step(cond, tokens, noise, 0), 1
         if cfg.ts:
             passes += self._teacher_segment(cond, tokens, generator)
         if cfg.steps == 2:
-            tokens, passes = student.predict(cond, tokens, noise, self.known[self.t2 - 1], self.split), passes + 1
+            tokens, passes = self._step(cond, tokens, noise, self.known[self.t2 - 1]), passes + 1
         return Samples(tokens, cond, Counter(nfe=B * passes, tokens=B * n))
+
+    def _step(self, cond: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor, known: int) -> torch.Tensor:
+        """One student step (Alg. 3) in `student_dtype`, inside the trial's autocast: a bfloat16 trial would round the
+        student's embeddings and flip their nearest codes, which the release computes in float32."""
+        with precision.autocast(cond.device, self.config.student_dtype):
+            return self.student.predict(cond, tokens, noise, known, self.split)
 
     def _teacher_segment(self, cond: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> int:
         """Steps ts..t2-1 (1-based) re-sampled by the teacher after the DD prefix, in place; returns forward passes.

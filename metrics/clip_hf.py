@@ -9,9 +9,11 @@ evaluation_metrics.py:190-265):
 - one image per update (batchsize=1, evaluation_metrics.py:329), which changes nothing but float rounding.
 
 Here the float images in [0, 1] are rounded to 8 bits (as `metrics.inception.to_uint8`; SJD reads PNG files of its
-samples), resized as SJD does, and scored by torchmetrics 1.9's `CLIPScore` with the folder's model and processor. The
-processor's image side is transformers' PIL backend (`CLIPImageProcessorPil`), the one transformers 4.47 used by
-default; transformers 5's default is a torchvision backend, whose bicubic resize differs slightly. transformers 5's
+samples, which its pipelines truncate to 8 bits: the teachers' `decode` gives those levels, so the rounding returns
+the release's bytes, tests/test_release_pixels.py), resized as SJD does, and scored by torchmetrics 1.9's
+`CLIPScore` with the folder's model and processor. The processor's image side is transformers' PIL backend
+(`CLIPImageProcessorPil`), the one transformers 4.47 used by default; transformers 5's default is a torchvision
+backend, whose bicubic resize differs slightly. transformers 5's
 `CLIPModel.get_*_features` return model outputs instead of tensors, which torchmetrics 1.9 cannot normalise:
 `FeaturesOf` gives it the projected embeddings (`pooler_output`), what transformers 4.47 returned.
 

@@ -15,8 +15,12 @@ The preprocessing, each step theirs:
 - 8-bit images: the samplers save PNGs (DD: torchvision `save_image`, x * 255 + 0.5 clamped and cast, VAR/sample.py:
   110, combine_sample.py:150, eval_fewstep.py:136, eval_combine_sample.py:204; SJD: the pipelines' PIL images,
   dataset_tools/multi_gpu_infer_with_prompt.py:61-62), which pytorch-fid reads with PIL as RGB and `ToTensor`
-  (fid_score.py:87, :121; DD's :85, :138): uint8 / 255. Ours: `inception.to_uint8` (round to nearest: the same levels
-  but for exact ties) / 255.
+  (fid_score.py:87, :121; DD's :85, :138): uint8 / 255. Ours: `inception.to_uint8` (round to nearest) / 255. For DD
+  that is `save_image`'s rounding, the same levels but for exact ties (half to even, where it rounds half up). SJD's
+  pipelines do not round: each truncates its own mapping to 8 bits (Lumina-mGPT's (x + 1) / 2 * 255, Anole's
+  transformers postprocessing, LlamaGen-T2I's min/max stretch), and the teachers' `decode` gives those levels / 255
+  (teachers/pretrained/chameleon.py, llamagen_t2i.py), which the rounding returns byte for byte
+  (tests/test_release_pixels.py, tests/test_real_llamagen_t2i.py).
 - torch's bilinear resize to 299x299 of those [0, 1] floats, `F.interpolate(x, size=(299, 299), mode="bilinear",
   align_corners=False)` (half-pixel centres), then 2x - 1: pytorch-fid inception.py:146-153 (`resize_input=True`,
   `normalize_input=True`, the defaults both releases keep). This is not ADM's protocol (`metrics.inception`: the TF

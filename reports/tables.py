@@ -4,7 +4,8 @@ A pure function of the runs: one table per teacher, a teacher row per sampling s
 reference arm every run carries) and a row per (method, knobs, batch size), each cell the mean ± std over seeds.
 Speed-ups are the in-run ratios (method vs. its own reference arm at the same batch size, measured side by side),
 averaged over seeds. Runs of a paper suite carry the paper's numbers (`core.paper`): a measured column that has any
-gets a "paper" column and the difference (ours − paper) beside it.
+gets a "paper" column and the difference (ours − paper) beside it, and a row whose paper numbers carry a `note` is
+marked [k], the note printed under its table.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class TrialRun:
     warmup: str = "unknown"  # warm-up batches per arm before timing
     batch_size: int = 1
     world_size: str = "1"  # torchrun ranks that drew the samples
+    end_time_ms: int = 0  # when the run ended: with start_time_ms, the time a suite's runs span
 
     @functools.cached_property  # read from the tags once per run
     def paper(self) -> dict:
@@ -59,7 +61,7 @@ class TrialRun:
         key_knobs = tuple(k for k in tags.get("key_knobs", "").split(",") if k)
         return cls(p["teacher"], p["method"], int(p["seed"]), int(p["n_samples"]), knobs, ref, p.get("reference", "ar"),
                    dict(run.data.metrics), dict(tags), run.info.start_time or 0, key_knobs, p.get("warmup", "unknown"),
-                   int(p.get("batch_size", 1)), p.get("world_size", "1"))
+                   int(p.get("batch_size", 1)), p.get("world_size", "1"), run.info.end_time or 0)
 
 
 def natural(text: str) -> tuple:
@@ -214,18 +216,23 @@ def teacher_table(runs: list[TrialRun]) -> tuple[list[str], bool]:
 
     groups: dict = {}
     for r in runs:
+        # a setting run against two paper rows (SJD's Anole C and D: one trial) is two rows, each with its numbers
         key = (r.method, shown_knobs(r, runs), sampling(r.ref_knobs), r.batch_size, r.n_samples,
-               tuple(sorted(r.knobs.items())))
+               tuple(sorted(r.knobs.items())), r.paper.get("source", ""))
         groups.setdefault(key, {}).setdefault(r.seed, r)  # one run per seed: the first in the store's order
-    for (method, knobs, samp, batch, n, _), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
+    notes: list[str] = []  # the paper notes (`core.paper`), each the footnote of its row
+    for (method, knobs, samp, batch, n, *_), seeds in sorted(groups.items(), key=lambda kv: natural(str(kv[0]))):
         rs = [seeds[s] for s in sorted(seeds)]
         cells = [method, knobs, samp, str(batch), str(n), str(len(rs)), *cells_of(
             lambda c: [r.metrics[c.key] for r in rs if c.key in r.metrics], rs[0].paper)]
         if any(r.metrics.get(NOISY) for r in rs):  # an arm's timings spread too widely: flagged, not averaged away
             cells[head.index(WALL_HEADER)] += " ⚠"
+        if note := rs[0].paper.get("note"):
+            notes.append(f"- [{len(notes) + 1}] {rs[0].paper['source']}: {note}")
+            cells[0] += f" [{len(notes)}]"
         lines.append("| " + " | ".join(cells) + " |")
         lines += _baseline_rows(rs, knobs, samp, batch, n, cells_of)
-    return lines, blank
+    return lines + (["", *notes] if notes else []), blank
 
 
 def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int, cells_of) -> list[str]:
@@ -246,11 +253,18 @@ def _baseline_rows(rs: list[TrialRun], knobs: str, samp: str, batch: int, n: int
     return rows
 
 
+def report_order(runs: Iterable[TrialRun]) -> list[TrialRun]:
+    """The runs in the order the report reads them: of two runs of one seed and setting, a table shows the first."""
+    return sorted(runs, key=lambda r: (r.teacher, r.method, sorted(r.knobs.items()), r.n_samples, r.seed,
+                                       r.start_time_ms))
+
+
 def headline_table(runs: list[TrialRun]) -> list[str]:
     """A row per paper method (runs tagged `accelbench.headline`: the method at its default key knobs), on the teacher
-    and setting with the most seeds: the speed-ups and the first quality metric of both arms, over seeds."""
+    and setting with the most seeds: the speed-ups and the first quality metric of both arms, over seeds. REPORT.md
+    opens with it, and README.md shows `make demo`'s (`scripts/readme_headline.py`)."""
     best: dict = {}
-    for r in runs:
+    for r in report_order(runs):
         if r.tags.get(HEADLINE_TAG) != "true":
             continue
         key = (r.teacher, shown_knobs(r, runs), r.batch_size, tuple(sorted(r.ref_knobs.items())), r.n_samples)
@@ -304,10 +318,13 @@ def lm_eval_table(runs: list[TrialRun]) -> list[str]:
     return lines
 
 
-def environment_footer(runs: list[TrialRun]) -> list[str]:
-    def values(tag):
-        return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
+def tag_values(runs: Iterable[TrialRun], tag: str) -> str:
+    """Every value the runs give `tag`, sorted, comma-separated ("unknown" for a run without it)."""
+    return ", ".join(sorted({r.tags.get(tag, "unknown") for r in runs}))
 
+
+def environment_footer(runs: list[TrialRun]) -> list[str]:
+    values = functools.partial(tag_values, runs)
     warmups = ", ".join(sorted({r.warmup for r in runs}))
     ranks = ", ".join(sorted({r.world_size for r in runs}))
 
@@ -325,8 +342,7 @@ def environment_footer(runs: list[TrialRun]) -> list[str]:
 
 def build_markdown(runs: list[TrialRun], title: str, evaluations: list[TrialRun] = ()) -> str:
     """The report of trial `runs` and lm-eval runs (`evaluations`)."""
-    runs = sorted(runs, key=lambda r: (r.teacher, r.method, sorted(r.knobs.items()), r.n_samples, r.seed,
-                                       r.start_time_ms))
+    runs = report_order(runs)
     out = [f"# {title}", ""]
     if not runs and not evaluations:
         return "\n".join(out + ["No finished trial runs matched.", ""])

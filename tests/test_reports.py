@@ -220,6 +220,25 @@ def test_a_paper_suites_numbers_stand_beside_the_measured_ones(tmp_path):
     assert teacher[fid + 1: fid + 3] == ["—", "—"]
 
 
+def test_one_trial_against_two_paper_rows_is_two_rows_and_a_note_is_its_rows_footnote(tmp_path):
+    """SJD's Anole C and D are one trial (the release's ISP draws at random there) against two paper rows: the table
+    has a row for each with its own paper numbers, and D's `paper.note` is its footnote under the table."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("paper-suite")
+    c = {"paper.nfe": "33", "paper.source": "Table 4 C"}
+    d = {"paper.nfe": "32", "paper.source": "Table 4 D", "paper.note": "not the release's code"}
+    for tags in (c, d):
+        log_trial(client, exp, "sjd", 0, SJD_KNOBS, ms=20.0, ref_ms=40.0, nfe=30.0, extra_tags=tags)
+    assert main(["report", "--experiment", "paper-suite", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "REPORT.md").read_text()
+    nfe = [c.strip() for c in next(line for line in text.splitlines() if line.startswith("| method |")).split("|")]
+    nfe = nfe.index("NFE / sample ↓")
+    assert [c.strip() for c in row(text, "sjd").split("|")][nfe: nfe + 3] == ["30.0", "33.0", "-3.0"]
+    assert [c.strip() for c in row(text, "sjd [1]").split("|")][nfe: nfe + 3] == ["30.0", "32.0", "-2.0"]
+    assert "- [1] Table 4 D: not the release's code" in text.splitlines()
+
+
 def test_tables_and_plots_never_compare_across_batch_sizes(tmp_path):
     """The teacher at batch 30 (from DD's runs) and at batch 1 (from SJD's) are two rows, each run's speed-up is
     against its own batch size's teacher, and the plot has a panel per batch size."""

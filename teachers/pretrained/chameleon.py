@@ -53,6 +53,26 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
   329 installs the same sampler).
 The teacher's `grid` is (S/16, S/16 + 1) for Lumina-mGPT (a row ends with its newline, as SJD's spatial initialisation
 counts, methods/sjd.py `_Drafter`) and (32, 32) for Anole.
+
+Images: `decode` gives the 8-bit levels, / 255, of the PNG each release writes and FID and CLIP read back, so the
+metrics' rounding to 8 bits (`metrics.inception.to_uint8`) returns those bytes exactly (`tests/test_release_pixels.py`
+recomputes them by hand):
+- Lumina-mGPT: Chameleon's image tokenizer, `(clamp(x, -1, 1) + 1) / 2` in float32, times 255 and cast to uint8 by
+  truncation (lumina_mgpt/model/chameleon_vae_ori/image_tokenizer.py:100, :106, through item_processor.py:211; the
+  grid of one image, model_loader.py:384, pastes it unchanged): `chameleon_levels`, on average half a level darker
+  than rounding (x + 1) / 2 to the nearest level;
+- Anole, the SJD release's path (teacher param `decode: postprocess`, the default): `model.decode_image_tokens`
+  then `ChameleonProcessor.postprocess_pixel_values` (model_loader.py:415-420). transformers 4.47.1, which
+  environment.yaml:89 pins, has neither; they are those of the Anole conversion's transformers branch (leloykun/
+  transformers fc--anole, 1ce50c63a: processing_chameleon.py:169-181 calls image_processing_chameleon.py:369-411), on
+  the VQ's output in the model's bfloat16 (model_loader.py:71, :87): x * std + mean with mean = std = 1 (:452), times
+  1 / rescale_factor = 1 / 0.0078 (:400, :409), clipped to [0, 255], cast to uint8 by truncation (:411), the
+  processor's defaults (:121, :142-143), which the conversion saves (convert_chameleon_weights_to_hf.py:390-392):
+  `postprocess_levels`. 1 / 0.0078 = 128.2 is not 127.5: every level is about 0.5 % brighter than Chameleon's, and
+  x above 0.989 saturates at 255. Ours decodes in float32 and rounds its output to bfloat16 before that arithmetic;
+  the release's VQGAN computes in bfloat16 throughout. `decode: chameleon` converts as Lumina-mGPT does, Chameleon's
+  own tokenizer, which GAIR-NLP/anole's inference uses (chameleon/inference/image_tokenizer.py
+  `_pil_from_chw_tensor`).
 """
 from __future__ import annotations
 
@@ -73,7 +93,29 @@ DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded he
 QK_NORMS = ("self_attn.q_norm.", "self_attn.k_norm.")
 START, END, NEWLINE, SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 LATENT = 16  # pixels per image token (the VQGAN downsamples 16x)
-VERSION = 2  # bump when a change alters what the same files give (2: Anole's unconditional prompt is the separator)
+# bump when a change alters what the same files give (2: Anole's unconditional prompt is the separator; 3: the
+# releases' 8-bit conversions)
+VERSION = 3
+# Anole's image processor: ChameleonImageProcessor's rescale_factor and unnormalising mean and std (leloykun/
+# transformers fc--anole 1ce50c63a image_processing_chameleon.py:121, :142-143), the values the conversion saves
+# (convert_chameleon_weights_to_hf.py:390-392 saves the processor built with its defaults)
+RESCALE_FACTOR, MEAN, STD = 0.0078, 1.0, 1.0
+
+
+def chameleon_levels(x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) VQGAN outputs -> Chameleon's image tokenizer's 8-bit image, / 255: clamped to [-1, 1], mapped to
+    [0, 1] and scaled to 255 in float32, truncated (Lumina-mGPT's `_pil_from_chw_tensor`, image_tokenizer.py:100,
+    :106 of SJD's copy)."""
+    return torch.floor((x.float().clamp(-1.0, 1.0) + 1.0) / 2.0 * 255) / 255
+
+
+def postprocess_levels(x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) VQGAN outputs -> the 8-bit image of the SJD release's Anole path, / 255: in bfloat16, the
+    model's dtype there, unnormalised (x * STD + MEAN), times 1 / RESCALE_FACTOR, clipped to [0, 255] and truncated
+    (the fork's `ChameleonImageProcessor.postprocess`, image_processing_chameleon.py:405-411; the module's
+    docstring)."""
+    y = x.to(torch.bfloat16) * STD + MEAN
+    return (y * (1.0 / RESCALE_FACTOR)).clamp(0, 255).to(torch.uint8).float() / 255
 
 
 def size_token(n_grids: int) -> str:
@@ -212,7 +254,11 @@ class LuminaMGPT768(PromptedImageTeacher):
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, N) outputs -> (B, 3, S, S) in [0, 1]
         codes = self.codes[self.image_codes(tokens)]
-        return ((self.vq(codes, (self.side, self.side)) + 1) / 2).clamp(0, 1)
+        return self.levels(self.vq(codes, (self.side, self.side)))
+
+    def levels(self, x: torch.Tensor) -> torch.Tensor:
+        """The VQGAN's output as the release writes its image (the module's docstring, "Images")."""
+        return chameleon_levels(x)
 
 
 class LuminaMGPT512(LuminaMGPT768):
@@ -232,7 +278,13 @@ class Anole7B(LuminaMGPT768):
     """Anole 7B at 512 px (32 x 32 image tokens between the image start and end: 1026 outputs), Chameleon's VQGAN."""
 
     folder, hub, image_size = "Anole-7b-v0.1-hf", "leloy/Anole-7b-v0.1-hf", 512
-    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = PromptedImageTeacher.params  # one CFG: SJD's
+    # one CFG, SJD's; `decode`, the 8-bit image: `postprocess`, the SJD release's (transformers' Anole branch), or
+    # `chameleon`, Chameleon's own tokenizer's (the module's docstring, "Images")
+    params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
+        **PromptedImageTeacher.params, "decode": ("postprocess", ("postprocess", "chameleon"))}
+
+    def levels(self, x: torch.Tensor) -> torch.Tensor:
+        return postprocess_levels(x) if self.setting("decode") == "postprocess" else chameleon_levels(x)
 
     @property
     def grid(self) -> tuple[int, int]:
