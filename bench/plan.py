@@ -77,6 +77,15 @@ class Plan:
         """The name of the reference arm's sampler (the family's own sampler's registry name)."""
         return self.teacher_cls.family.sampler
 
+    @property
+    def headline(self) -> bool:
+        """Whether the trial is a paper method (`Method.headline`) at its default key knobs: its run is tagged
+        `accelbench.headline`, and the report's headline row for the method is chosen among such runs
+        (`reports.tables.headline_table`)."""
+        defaults = config_dict(self.method_cls.config_class(self.teacher_cls.family)())
+        return self.method_cls.headline and all(self.trial.params.get(k) == defaults.get(k)
+                                                for k in self.method_cls.key_knobs)
+
     def reference_draws(self) -> str:
         """What the reference arm's samples are a function of, as JSON (a teacher-only trial's method arm is the same
         draws): the teacher and its settings, the sampler's, the numerics, seed, sample count, batch and device kind.

@@ -423,12 +423,9 @@ def _sample_and_score(ctx: Context, opts: RunOptions, spool: TrialSpool, shared:
     metrics[SPEEDUP_STEPS] = metrics["ref/" + NFE_PER_SAMPLE] / metrics[NFE_PER_SAMPLE]
     if metrics.get("gflops_per_sample"):
         metrics[SPEEDUP_FLOPS] = metrics["ref/gflops_per_sample"] / metrics["gflops_per_sample"]
-    defaults = config_dict(p.method_cls.config_class(p.teacher_cls.family)())
-    at_defaults = all(p.trial.params.get(k) == defaults.get(k) for k in p.method_cls.key_knobs)
     ctx.log.log(tags={
         "key_knobs": ",".join(p.method_cls.key_knobs),
-        # a paper method at its default key knobs: the report's headline row for the method
-        HEADLINE_TAG: str(p.method_cls.headline and at_defaults).lower(),
+        HEADLINE_TAG: str(p.headline).lower(),  # the report's headline row for the method is one of these
         # Directions travel with the numbers, so a report needs nothing but the store.
         **{f"higher_is_better.{k}": str(m.cls.higher_is_better).lower()
            for m in p.metrics for k in metrics

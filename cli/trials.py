@@ -102,7 +102,8 @@ def cmd_run(args) -> int:
     uri = tracking_uri(args.tracking_uri)
     cache = options.open_cache(args)
     tracker = Tracker(uri, args.experiment) if world.main else NullTracker()
-    metrics = run_trial(p, cache=cache, tracker=tracker, opts=opts)
+    run_ids: list[str] = []
+    metrics = run_trial(p, cache=cache, tracker=tracker, opts=opts, on_start=run_ids.append)
     if not world.main:  # rank 0 logs and prints the trial
         return 0
     print(format_result(p.trial.method, p.reference, metrics))
@@ -110,7 +111,8 @@ def cmd_run(args) -> int:
     if compiled:  # the warm-up compiles; the times above exclude it
         print("compile (warm-up) seconds: " + ", ".join(f"{k.split('/')[0] if '/' in k else 'method'} {v:.1f}"
                                                          for k, v in sorted(compiled.items())))
-    print("\n" + _store_line(uri, args, args.experiment))
+    print(f"\nrun id: {run_ids[0]} (experiment {args.experiment!r}; accelbench ui --compare takes two run ids)\n"
+          + _store_line(uri, args, args.experiment))
     return 0
 
 
