@@ -91,6 +91,7 @@ def write(tmp_path, trials, **extra):
     ({"fid": 2.0}, "'paper' needs a 'source' naming the paper's table and row"),
     ({"fid": 2.0, "bleu": 1.0, "source": "T1"}, "unknown paper key 'bleu'; valid: source, acceptance_rate"),
     ({"fid": "low", "source": "T1"}, "paper fid must be a finite number, got 'low'"),
+    ({"fid": 2.0, "source": "T1", "note": "two\nlines"}, "paper note must be one line of text, got 'two\\nlines'"),
     ([1, 2], "'paper' must be a mapping"),
 ])
 def test_paper_numbers_are_checked_before_any_work(tmp_path, capsys, paper, message):
@@ -125,20 +126,25 @@ TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
         "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3", "lumina-mgpt-7b-768": "TinyLumina",
         "anole-7b": "TinyAnole", **dict.fromkeys(("llamagen-t2i-xl-256", "llamagen-t2i-xl-512"), "TinyLlamaGenT2I")}
 # Training at the papers' scale (ARD's 2.56 M trajectories and 300k steps; DD's baselines' 1.2 M pairs) cut to seconds,
-# and MAR's 100-step diffusion head to 10 steps.
-QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"], "cspd": ["steps=10"]}
+# and MAR's 100-step diffusion head to 2 steps: a noised one and the last, whose Gaussians CSpD's ratio reads (at 10
+# steps the head's chains took three quarters of cspd-table1-table3's sampling).
+QUICK = {"ard": ["n_traj=16", "train_steps=2", "batch=4"], "dd": ["n_pairs=64"], "cspd": ["steps=2"]}
 # the latency protocol's least (tests/test_latency.py checks the protocol): sdtt-fig22's five rows timed their four
 # arms, the 1024-step teacher among them, for 331 s at the defaults on this project's Intel machine
 PROTOCOL_FLOORS = ["--latency-warmup", "1", "--latency-min-count", "2", "--latency-min-seconds", "0"]
 TINY_DIT_DEPTH = 2  # ARD's N = 6 and 28 history layers read this many blocks of the tiny DiT
 # scales / tokens: DD's t2, ts, split, skip-n's skip and MAR's num_iter fit in them
 TINY_LENGTH = {"TinyVAR": 4, "TinyLlamaGen": 16, "TinyOfficialMAR": 16}
+# step counts at most: the tiny MDLM's 32 tokens (write_sdtt_checkpoints), as the papers' 1024 steps are MDLM-OWT's
+# 1024 tokens (the 1024-step arms, drawn, timed and counted, were most of sdtt-fig22's minute); DiT's DDIM, the 25 of
+# ARD's trajectories (the 250-step row was most of ard-table1's sampling)
+TINY_STEPS = {"mdlm-owt": 32, "mdlm-owt-prompted": 32, "dit-xl-2-256": 25}
 
 
 def tiny_trials(suite: dict) -> list[dict]:
     """The suite's trials on the tiny teachers: one per distinct (method, tiny teacher, mode, metrics, CSpD's align and
-    prefill), the knobs that address the full-size models' positions and blocks brought within the tiny ones'. (Every
-    trial of every suite is planned, at full size, by the dry-run test above.)"""
+    prefill), the knobs that address the full-size models' positions, blocks and steps brought within the tiny ones'.
+    (Every trial of every suite is planned, at full size, by the dry-run test above.)"""
     kept, seen = [], set()
     for trial in suite["trials"]:
         merged = {**suite.get("defaults", {}), **trial}
@@ -153,6 +159,8 @@ def tiny_trials(suite: dict) -> list[dict]:
         if n := TINY_LENGTH.get(TINY.get(teacher)):
             p.update({k: min(p[k], n) for k in ("t2", "split", "num_iter") if k in p})
             p.update({k: min(p[k], p.get("t2", n) - 1, n - 1) for k in ("ts", "skip") if k in p})
+        if n := TINY_STEPS.get(teacher):
+            p.update({k: min(p[k], n) for k in ("steps", "student_steps") if k in p})
         kept.append({**trial, "params": p})
     return kept
 
