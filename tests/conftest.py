@@ -102,3 +102,23 @@ def pg_database():
     with admin.cursor() as cur:
         cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
     admin.close()
+
+
+@pytest.fixture(scope="session")
+def migrated_store_file(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store whose tables MLflow's schema migrations made once per session: a copy of the file
+    (`fresh_store`) is a new store without them (2-3 s of CPU each)."""
+    from bench.tracking import client
+
+    path = tmp_path_factory.mktemp("migrated-store") / "mlflow.db"
+    client(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture()
+def fresh_store(tmp_path, migrated_store_file) -> str:
+    """The URI of a new, empty MLflow SQLite store at tmp_path/mlflow.db (a copy of `migrated_store_file`)."""
+    import shutil
+
+    shutil.copyfile(migrated_store_file, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path}/mlflow.db"

@@ -1,5 +1,5 @@
-"""Soak: 50 short trials through 2 workers on PostgreSQL while a worker is SIGKILLed and restarted at random; the Optuna
-study and the MLflow store must end consistent: every trial exactly once, nothing left RUNNING."""
+"""Soak: 20 short trials through 2 workers on PostgreSQL while a worker is SIGKILLed and restarted at random, twice; the
+Optuna study and the MLflow store must end consistent: every trial exactly once, nothing left RUNNING."""
 from __future__ import annotations
 
 import random
@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import optuna
 import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
@@ -18,8 +17,8 @@ from sweeps.spec import load_spec
 from sweeps.study import StorageOptions, make_storage, open_study
 from tests.fakes import NO_CHECKPOINTS
 
-N_TRIALS = 50
-KILLS = 4
+N_TRIALS = 20
+KILLS = 2
 SPACING = N_TRIALS // (KILLS + 1)  # at most this many complete trials between kills
 
 
@@ -29,23 +28,24 @@ def _worker(tmp_path, spec, storage, mlflow):
     return subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def test_soak_fifty_trials_two_workers_random_kills(plugin, tmp_path, pg_database, capsys):
+def test_soak_twenty_trials_two_workers_random_kills(plugin, tmp_path, pg_database, fresh_store, capsys):
     # A float knob: every trial has its own trial key, so "exactly once" is checkable per key.
     spec = tmp_path / "soak.yaml"
     spec.write_text(yaml.safe_dump({
         "study": "soak", "base": {"teacher": "slow-table-ar", "method": "sjd", "n_samples": 2},
         "space": {"temperature": {"type": "float", "low": 0.5, "high": 1.5}}, "n_trials": N_TRIALS,
         "objectives": [{"metric": "speedup_steps", "direction": "maximize"}]}))
-    mlflow = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow = fresh_store
     tracker = Tracker(mlflow, "accelbench-sweeps")
-    open_study(load_spec(str(spec), checkpoints=NO_CHECKPOINTS), make_storage(StorageOptions(pg_database)), tracker)
+    # opened once: each poll below reads only its trials
+    study = open_study(load_spec(str(spec), checkpoints=NO_CHECKPOINTS), make_storage(StorageOptions(pg_database)),
+                       tracker)
     workers = [_worker(tmp_path, str(spec), pg_database, mlflow) for _ in range(2)]
-    storage = make_storage(StorageOptions(pg_database))
     rng, kills, deadline = random.Random(0), 0, time.time() + 400
     next_kill = rng.randint(1, SPACING)  # complete trials before the next kill: kills spread over the study
     while kills < KILLS and any(w.poll() is None for w in workers) and time.time() < deadline:
         time.sleep(0.2)
-        now = optuna.load_study(study_name="soak", storage=storage).get_trials()
+        now = study.get_trials()
         busy = {int(t.user_attrs["worker"].split(":")[1]) for t in now
                 if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
         victims = [i for i, w in enumerate(workers) if w.pid in busy]
@@ -63,7 +63,6 @@ def test_soak_fifty_trials_two_workers_random_kills(plugin, tmp_path, pg_databas
     capsys.readouterr()
 
     assert kills == KILLS
-    study = optuna.load_study(study_name="soak", storage=storage)
     trials = study.get_trials()
     states = [t.state for t in trials]
     assert states.count(TrialState.COMPLETE) == N_TRIALS

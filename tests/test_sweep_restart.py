@@ -1,4 +1,5 @@
 """A sweep's workers ride out restarts of the PostgreSQL servers of its study and of its MLflow store."""
+import concurrent.futures
 import glob
 import os
 import pwd
@@ -6,7 +7,6 @@ import select
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from bench.tracking import client as mlflow_client
+from cli import main
 from sweeps.study import RUNS_ATTR, ReconnectingClient, StorageOptions, make_storage
 
 
@@ -119,12 +120,14 @@ def postgres(tmp_path):
             shutil.rmtree(server.folder, ignore_errors=True)
 
 
-def test_a_sweep_rides_out_restarts_of_its_postgresql_servers(plugin, tmp_path, postgres, monkeypatch):
+def test_a_sweep_rides_out_restarts_of_its_postgresql_servers(plugin, tmp_path, postgres, monkeypatch, capfd):
     """Two workers, each holding a trial of a few seconds (their first trials start together: the barrier teacher);
     the study's server and MLflow's restart under them, each down until a worker has tried to reach it (the study's
     with a heartbeat within a second, MLflow's at the latest when a trial ends and logs). The study still ends with
-    every trial complete and every MLflow run finished, and no worker shows a traceback."""
+    every trial complete and every MLflow run finished, and no worker shows a traceback. The sweep runs in this
+    process (its workers in their own, their output captured with its), the restarts on a thread beside it."""
     monkeypatch.setenv("ACCELBENCH_TEST_BARRIER", f"{tmp_path}/barrier:2")
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a server store's artifacts in ./mlruns
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
         "study": "s", "base": {"teacher": "slow-barrier-table-ar", "method": "sjd", "n_samples": 6}, "n_trials": 4,
@@ -134,28 +137,30 @@ def test_a_sweep_rides_out_restarts_of_its_postgresql_servers(plugin, tmp_path, 
     storage, mlflow = study_server.url("optuna"), mlflow_server.url("mlflow")
     client = MlflowClient(mlflow)
     client.search_experiments(max_results=1)  # MLflow makes the store's tables here, not racing the sweep to it
-    with open(tmp_path / "sweep.log", "w") as log:
-        sweep = subprocess.Popen([sys.executable, "-m", "cli", "sweep", str(spec), "--workers", "2", "--storage",
-                                  storage, "--tracking-uri", mlflow, "--cache-dir", str(tmp_path / "cache"),
-                                  "--warmup", "0", "--no-progress", "--heartbeat", "1"], cwd=tmp_path, stdout=log,
-                                 stderr=subprocess.STDOUT)
-    output = (tmp_path / "sweep.log").read_text
-    try:
+    ended = threading.Event()
+
+    def restart_once_both_hold_a_trial():
         running, deadline = [], time.monotonic() + 180
-        while len(running) < 2 and sweep.poll() is None and time.monotonic() < deadline:
+        while len(running) < 2 and not ended.is_set() and time.monotonic() < deadline:
             experiment = client.get_experiment_by_name("accelbench-sweeps")
             if experiment is not None:
                 running = client.search_runs([experiment.experiment_id], "tags.`accelbench.kind` = 'trial' and "
                                                                           "attributes.status = 'RUNNING'")
             time.sleep(0.1)
-        assert len(running) == 2, f"the two workers never held a trial at once:\n{output()[-3000:]}"
+        assert len(running) == 2, "the two workers never held a trial at once"
         stop_until_missed(study_server, mlflow_server)()
-        assert sweep.wait(timeout=300) == 0, output()[-3000:]
-    finally:
-        if sweep.poll() is None:  # a failed check: the sweep ends its workers as on Ctrl-C
-            sweep.terminate()
-            sweep.wait()
-    assert "Traceback" not in output(), output()[-5000:]
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        restarts = pool.submit(restart_once_both_hold_a_trial)
+        try:
+            code = main(["sweep", str(spec), "--workers", "2", "--storage", storage, "--tracking-uri", mlflow,
+                         "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--no-progress", "--heartbeat", "1"])
+        finally:
+            ended.set()
+        output = "".join(capfd.readouterr())
+        assert restarts.exception() is None, f"{restarts.exception()}\n{output[-3000:]}"
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output, output[-5000:]
 
     every = optuna.load_study(study_name="s", storage=make_storage(StorageOptions(storage))).get_trials()
     trials = [t for t in every if not t.user_attrs.get("surplus")]  # a worker's ask once the study was full
