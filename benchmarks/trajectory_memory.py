@@ -44,9 +44,11 @@ def peak_rss_mb(argv: list[str], env: dict[str, str]) -> float:
     return usage.ru_maxrss / 1024
 
 
-def ard_run(tmp: Path, n_traj: int, seed: int, steps: int = 8, *extra: str) -> list[str]:
-    """`accelbench run` of ARD on the tiny DiT with n_traj trajectories of train_seed `seed`, into tmp's cache."""
-    return [sys.executable, "-m", "cli", "run", "--teacher", "digits-dit-c2i", "--method", "ard",
+def ard_run(tmp: Path, n_traj: int, seed: int, steps: int = 8, *extra: str,
+            teacher: str = "digits-dit-c2i") -> list[str]:
+    """`accelbench run` of ARD on a tiny DiT (the one of tests/tiny_recipes.py unless `teacher` says) with n_traj
+    trajectories of train_seed `seed`, into tmp's cache."""
+    return [sys.executable, "-m", "cli", "run", "--teacher", teacher, "--method", "ard",
             "--param", f"n_traj={n_traj}", "--param", f"train_seed={seed}", "--param", f"steps={steps}",
             "--param", "train_steps=20", "--param", "batch=16", "--n-samples", "4", "--batch-size", "4",
             "--cache-dir", str(tmp / "cache"), "--warmup", "0", "--tracking-uri", f"sqlite:///{tmp}/mlflow.db",

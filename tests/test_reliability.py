@@ -3,6 +3,7 @@ sample memory. Cache integrity: tests/test_cache.py; killed sweep workers: tests
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import weakref
 from pathlib import Path
 
@@ -96,16 +98,18 @@ def test_fuzzed_params_on_the_cli_fail_with_one_clean_line(plugin, tmp_path, cap
 
 # ---- interruption -------------------------------------------------------------------------------------------------
 
-def _start(tmp_path, *args, hold=False):
-    """A `run` in a child process; with `hold`, its teacher stops in its first pass (tests/plugins.py, HOLD_ENV) and
-    `tmp_path / "held"` appears. The store is created here first: a child migrating a new SQLite store while this
-    process reads it fails either of them."""
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    MlflowClient(store).search_experiments()
-    cmd = [sys.executable, "-m", "cli", "run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
-           "--warmup", "0", "--no-progress", *args]
-    env = {**os.environ, "ACCELBENCH_TEST_HOLD": str(tmp_path / "held")} if hold else None
-    return store, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def _run(tmp_path, store, *args) -> list[str]:
+    return ["run", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--no-progress",
+            *args]
+
+
+def _start(tmp_path, store, *args):
+    """`_run` in a child process, its teacher stopped in its first pass (tests/plugins.py, HOLD_ENV): `tmp_path /
+    "held"` then appears. The store must have its tables already (`fresh_store`): a child migrating a new SQLite
+    store while this process reads it fails either of them."""
+    env = {**os.environ, "ACCELBENCH_TEST_HOLD": str(tmp_path / "held")}
+    return subprocess.Popen([sys.executable, "-m", "cli", *_run(tmp_path, store, *args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _wait_until(predicate, proc, timeout=60.0):
@@ -122,16 +126,18 @@ def _held(tmp_path, store):
     return (tmp_path / "held").exists() and any(r.info.status == "RUNNING" for r in runs(store))
 
 
-# onestep* first builds Distilled Decoding's (noise, tokens) pairs, a cache entry built under a lock
-PAIRS = ["--teacher", "slow-table-ar", "--method", "onestep*", "--param", "n_pairs=4000", "--n-samples", "2"]
+# onestep* first builds Distilled Decoding's (noise, tokens) pairs, a cache entry built under a lock; the hold
+# catches the build in its first pass however many pairs it makes, and a few are all the run after it has to make
+PAIRS = ["--teacher", "slow-table-ar", "--method", "onestep*", "--param", "n_pairs=4", "--n-samples", "2"]
 
 
 def _cache_files(tmp_path):
     return sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.suffix != ".lock")
 
 
-def test_sigterm_mid_build_ends_the_run_killed_and_the_next_run_starts_clean(plugin, tmp_path):
-    store, proc = _start(tmp_path, *PAIRS, hold=True)
+def test_sigterm_mid_build_ends_the_run_killed_and_the_next_run_starts_clean(plugin, tmp_path, fresh_store):
+    store = fresh_store
+    proc = _start(tmp_path, store, *PAIRS)
     _wait_until(lambda: _held(tmp_path, store) and list((tmp_path / "cache").rglob("*.lock")), proc)  # building pairs
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -139,15 +145,15 @@ def test_sigterm_mid_build_ends_the_run_killed_and_the_next_run_starts_clean(plu
     assert [r.info.status for r in runs(store)] == ["KILLED"]
     assert _cache_files(tmp_path) == []  # no entry, no temp file
 
-    store, proc = _start(tmp_path, *PAIRS)  # the same trial again
-    assert proc.wait(timeout=120) == 0, proc.communicate()[1][-2000:]
+    assert main(_run(tmp_path, store, *PAIRS)) == 0  # the same trial again, here: another process than the killed one
     assert sorted(r.info.status for r in runs(store)) == ["FINISHED", "KILLED"]
     for path in _cache_files(tmp_path):  # whole, checksummed entries
         decode(path.parent.name, path.stem, path.read_bytes())
 
 
-def test_sigkill_leaves_an_orphan_that_doctor_marks_killed(plugin, tmp_path, capsys):
-    store, proc = _start(tmp_path, "--teacher", "slow-table-ar", "--method", "sjd", "--n-samples", "500", hold=True)
+def test_sigkill_leaves_an_orphan_that_doctor_marks_killed(plugin, tmp_path, fresh_store, capsys):
+    store = fresh_store
+    proc = _start(tmp_path, store, "--teacher", "slow-table-ar", "--method", "sjd", "--n-samples", "500")
     _wait_until(lambda: _held(tmp_path, store), proc)
     (tmp_path / "cache" / "things").mkdir(parents=True)
     (tmp_path / "cache" / "things" / ".abc.x1.tmp").write_bytes(b"half a")  # what a killed build leaves
@@ -169,8 +175,8 @@ def test_sigkill_leaves_an_orphan_that_doctor_marks_killed(plugin, tmp_path, cap
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
 
-def test_every_run_names_its_owner(plugin, tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_every_run_names_its_owner(plugin, tmp_path, fresh_store):
+    store = fresh_store
     assert main(["run", "--teacher", "table-ar", "--method", "ar", "--n-samples", "2", "--tracking-uri", store,
                  "--cache-dir", str(tmp_path), "--no-progress"]) == 0
     (run,) = runs(store)
@@ -207,10 +213,12 @@ def test_an_unreachable_study_storage_fails_fast(plugin, tmp_path, capsys):
 MACHINE_DEPENDENT = ("sec_per_", "samples_per_sec", "speedup_wall", "fit/", "seconds")  # wall-clock figures
 
 
-def test_the_same_trial_and_seed_give_identical_samples_and_metrics(tiny_recipe, tmp_path):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+def test_the_same_trial_and_seed_give_identical_samples_and_metrics(tiny_recipe, tmp_path, fresh_store):
+    store = fresh_store
+    # 8 batches of one sample, each drawn from its own seed (seed, i): a batch drawn from another stream, or one
+    # that SJD's acceptance draws differently, changes the samples and FID as surely as among 16
     args = ["run", "--teacher", "digits-ar-t2i", "--method", "sjd", "--param", "window=4", "--metric", "fid",
-            "--n-samples", "16", "--seed", "3", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
+            "--n-samples", "8", "--seed", "3", "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"),
             "--warmup", "0", "--no-progress"]
     assert main(args) == 0 and main(args) == 0
     first, second = runs(store)
@@ -281,17 +289,18 @@ class Stalled(ARSampler):
         return super().sample(cond, generator=generator)
 
 
-def _run_in_process(tmp_path, method, *extra):
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    code = main(["run", "--teacher", "table-ar", "--method", method, "--tracking-uri", store, "--cache-dir",
-                 str(tmp_path), "--warmup", "0", "--no-progress", *extra])
-    return code, store
+def _run_in_process(tmp_path, store, method, *extra):
+    return main(_run(tmp_path, store, "--teacher", "table-ar", "--method", method, *extra))
 
 
-def test_a_trial_over_its_memory_budget_stops_with_a_clear_message(plugin, tmp_path, capsys, monkeypatch):
+def test_a_trial_over_its_memory_budget_stops_with_a_clear_message(plugin, tmp_path, fresh_store, capsys,
+                                                                   monkeypatch):
+    store = fresh_store
     monkeypatch.setitem(METHODS._entries, "hoarder", Hoarder)
     limit = psutil.Process().memory_info().rss / 2**20 + 200
-    code, store = _run_in_process(tmp_path, "hoarder", "--n-samples", "100000", "--memory-budget", f"{limit:.0f}")
+    # 300 calls hoard 4.8 GB, 24x the budget, which stopped it after 11 to 27 here (100,000 samples cost seconds of
+    # bookkeeping for their batches, and an unstopped trial all the memory there is)
+    code = _run_in_process(tmp_path, store, "hoarder", "--n-samples", "300", "--memory-budget", f"{limit:.0f}")
     err = capsys.readouterr().err.strip()
     Hoarder.hoard.clear()
     assert code == 2 and f"memory budget of {limit:.0f} MB exceeded" in err.splitlines()[-1]  # above: MLflow's logs
@@ -299,14 +308,15 @@ def test_a_trial_over_its_memory_budget_stops_with_a_clear_message(plugin, tmp_p
     assert run.info.status == "FAILED" and "memory budget" in run.data.tags["accelbench.error"]
 
 
-def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_path, capsys, monkeypatch):
+def test_a_trial_over_its_time_budget_stops_with_a_clear_message(plugin, tmp_path, fresh_store, capsys, monkeypatch):
     # On the budget's own clock loading the teacher and opening the run take no time, and each call 1 s: the trial
     # stops in the same call on an idle or a loaded machine (a wall-clock budget stopped it anywhere, or not in time).
     clock = BudgetClock()
     monkeypatch.setattr(core.budget, "time", clock)
     monkeypatch.setattr(Stalled, "clock", clock, raising=False)
     monkeypatch.setitem(METHODS._entries, "stalled", Stalled)
-    code, store = _run_in_process(tmp_path, "stalled", "--n-samples", "5", "--time-budget", "1.5")
+    store = fresh_store
+    code = _run_in_process(tmp_path, store, "stalled", "--n-samples", "5", "--time-budget", "1.5")
     err = capsys.readouterr().err.strip()
     assert code == 2 and "time budget of 1.5 s exceeded" in err and clock.now == 2  # without a budget: 0 and 5 s
     assert [r.info.status for r in runs(store)] == ["FAILED"]
@@ -317,7 +327,9 @@ def test_an_interrupt_that_native_code_turns_into_its_own_error_still_reads_as_t
     with pytest.raises(BudgetExceeded, match="time budget of 0.1 s exceeded") as caught:
         with budget(seconds=0.1):
             try:
-                time.sleep(10)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:  # short sleeps: the interrupt lands between two, not after 10 s
+                    time.sleep(0.01)
             except BudgetExceeded:
                 raise RuntimeError("basic_ios::clear: iostream error") from None
     assert isinstance(caught.value.__cause__, RuntimeError)
@@ -325,24 +337,50 @@ def test_an_interrupt_that_native_code_turns_into_its_own_error_still_reads_as_t
         raise RuntimeError("unrelated")  # within the budget an error is left as it is
 
 
-def test_samples_are_not_kept_in_memory_while_sampling(plugin, tmp_path, monkeypatch):
+def test_samples_are_not_kept_in_memory_while_sampling(plugin, tmp_path, fresh_store, monkeypatch):
+    store = fresh_store
     monkeypatch.setitem(METHODS._entries, "watched", Watched)
-    code, store = _run_in_process(tmp_path, "watched", "--n-samples", "40", "--batch-size", "2")
-    assert code == 0 and len(Watched.outputs) == 21  # 20 batches, and the one sample its FLOPs are counted on
-    assert Watched.alive_max <= 1  # before spooling, every batch sampled so far was held until scoring
+    code = _run_in_process(tmp_path, store, "watched", "--n-samples", "10", "--batch-size", "2")
+    assert code == 0 and len(Watched.outputs) == 6  # 5 batches, and the one sample its FLOPs are counted on
+    assert Watched.alive_max <= 1  # before spooling, every batch sampled so far was held until scoring: 4 of them
     (run,) = runs(store)
     assert run.data.metrics["nfe_per_sample"] > 0
 
 
+def open_stores_with_another_process(stores: list[str], folder: Path, cache: Path) -> None:
+    """`accelbench doctor` on each store in turn, each opened once the other process that runs this has come to it
+    too (a file per process and store in `folder`); a process that fails leaves its error there for the other."""
+    failed = folder / "failed"
+    for i, store in enumerate(stores):
+        (folder / f"{i}.{os.getpid()}").touch()
+        deadline = time.monotonic() + 120
+        while len(list(folder.glob(f"{i}.*"))) < 2:
+            assert not failed.exists(), f"the other process failed:\n{failed.read_text()}"
+            assert time.monotonic() < deadline, f"the other process did not come to store {i} within 120 s"
+            time.sleep(0.01)
+        try:
+            assert main(["doctor", "--tracking-uri", store, "--cache-dir", str(cache)]) == 0
+        except BaseException:
+            failed.write_text(f"store {i}: {traceback.format_exc()[-2000:]}")
+            raise
+
+
 def test_two_first_runs_at_once_on_a_new_sqlite_store_both_open_it(tmp_path):
     """MLflow migrates a new SQLite store when it first opens it; two processes doing so at once collided ("Online
-    migration expected to match one row", "duplicate column name") until the opening took a lock. Three new stores,
-    two processes started together on each (without the lock it failed on the first here)."""
-    root = Path(__file__).resolve().parent.parent
-    for i in range(3):
-        argv = [sys.executable, "-m", "cli", "doctor", "--tracking-uri", f"sqlite:///{tmp_path}/s{i}/mlflow.db",
-                "--cache-dir", str(tmp_path / "cache")]
-        procs = [subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err.decode()[-2000:]
+    migration expected to match one row", "duplicate column name") until the opening took a lock. Two new stores,
+    each opened by this process and a child once both have come to it: without the lock the first failed, 8 times
+    in 8 here. One child for both: a process per store cost seconds of start-up each, and tested nothing more."""
+    stores = [f"sqlite:///{tmp_path}/s{i}/mlflow.db" for i in range(2)]
+    (tmp_path / "barrier").mkdir()
+    code = ("import json, pathlib, sys; from tests.test_reliability import open_stores_with_another_process as f; "
+            "f(json.loads(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]))")
+    argv = [sys.executable, "-c", code, json.dumps(stores), str(tmp_path / "barrier"), str(tmp_path / "cache")]
+    child = subprocess.Popen(argv, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        open_stores_with_another_process(stores, tmp_path / "barrier", tmp_path / "cache")
+        _, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-2000:]
+    finally:
+        child.kill()
+        child.wait()

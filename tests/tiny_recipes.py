@@ -28,3 +28,11 @@ def recipes() -> dict[type, object]:
     for cls in (WordNetMDLM, WordNetGPT):
         out[cls] = dataclasses.replace(cls.recipe, data=data, steps=10, batch_size=8, n_layer=1, n_head=2, n_embd=16)
     return out
+
+
+class QuickDiT(DigitsDiTClass):
+    """digits-dit-c2i's test recipe with 4 tokens of 8x8 patches and one block: samples of the same 16x16 pixels
+    in a third of the time (tests/test_shards.py makes 46,000 trajectories of it). Registered as `quick-dit` by
+    tests.tiny_recipes_plugin."""
+
+    recipe = dataclasses.replace(recipes()[DigitsDiTClass], patch=8, depth=1)
