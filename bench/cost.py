@@ -184,11 +184,13 @@ def count_arms(p: Plan, teacher, arms: dict[str, Any], device: torch.device, how
     length, meta = _length(teacher), device.type == "meta"
     out: dict[str, ArmCost] = {}
     for name, arm in arms.items():
-        # counted once per process (a `ddim` row's method arm is its reference arm; a trained student is keyed by
-        # its settings): a speculative arm's count on one tiny teacher's sample took as long as its trial's 64
-        # samples (the demo's CSpD, measured), and the demo runs each setting at 3 seeds
-        key = (getattr(teacher, "name", ""), repr(sorted(p.trial.teacher_params.items())), type(arm).__name__,
-               repr(arm.config), device.type, reads)
+        # counted once per process (a `ddim` row's method arm is its reference arm: a teacher's sampler under its
+        # method name draws by `TeacherSampler.sample`, keyed as that; a trained student is keyed by its settings): a
+        # speculative arm's count on one tiny teacher's sample took as long as its trial's 64 samples (the demo's
+        # CSpD, measured), and the demo runs each setting at 3 seeds
+        sampler = TeacherSampler.__name__ if type(arm).sample is TeacherSampler.sample else type(arm).__name__
+        key = (getattr(teacher, "name", ""), repr(sorted(p.trial.teacher_params.items())), sampler, repr(arm.config),
+               device.type, reads)
         if key in _COUNTED:
             out[name] = dataclasses.replace(_COUNTED[key], arm=name, length=length)
             continue

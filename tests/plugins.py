@@ -119,7 +119,7 @@ class HeldAfter:
 
     starts = 0  # in this process
 
-    def start(self, cond, **kwargs):
+    def start(self, *args, **kwargs):
         if hold := os.environ.get(HOLD_AFTER_ENV):
             n, file = hold.split(":", 1)
             HeldAfter.starts += 1
@@ -127,7 +127,7 @@ class HeldAfter:
                 Path(file).touch()
                 while True:
                     time.sleep(0.05)
-        return super().start(cond, **kwargs)
+        return super().start(*args, **kwargs)
 
 
 @TEACHERS.register("held-table-ar")

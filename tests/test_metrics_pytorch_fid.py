@@ -4,7 +4,8 @@ statistics and distance), DD's reference-statistic file, and the inception score
 The weights are random, in the release's own layout: the state dict of pytorch-fid's own `fid_inception_v3()` network,
 saved as torch.hub would hold the downloaded file. Nothing may download: torch.hub's downloader fails every test here.
 The full network on 299 x 299 takes ~0.1 s an image on a CPU, and the square root of a 2048 x 2048 matrix that the
-distance takes ~20 s: 4 + 4 images of 16 x 16 digits, three distances in all (theirs, ours, the broken variant's).
+distance takes ~15 s: 4 + 4 images of 16 x 16 digits, two such distances in all (theirs, computed once, and ours); the
+broken variant's is the same distance taken through 4 x 4 matrices (`frechet_of_few`).
 """
 from __future__ import annotations
 
@@ -32,12 +33,25 @@ N = 4  # images a side
 COCO = SimpleNamespace(reference_images=("val2017", "coco2017-val"))  # SJD's text-to-image teachers' reference
 
 
-@pytest.fixture(autouse=True)
-def no_download(monkeypatch):
+@pytest.fixture(scope="module", autouse=True)
+def no_download():
+    """For the whole module, so that the networks its module-scoped fixtures build cannot download either."""
     def refuse(url, *args, **kwargs):
         raise AssertionError(f"tried to download {url}")
 
-    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.hub, "download_url_to_file", refuse)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """scipy's square root on one BLAS thread, as torch runs here (conftest's `one_thread`): beside another busy
+    process on the 2 cores, OpenBLAS's two threads spun, and one square root took 61 s of CPU time against 17 s."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +93,12 @@ def pictures(tmp_path_factory) -> tuple[Path, torch.Tensor, Path]:
     return root / "checkpoints", fake, root / "fake"
 
 
-def pytorch_fids_own(weights: Path, real: Path, fake: Path) -> tuple[float, list[tuple[np.ndarray, np.ndarray]]]:
-    """pytorch-fid's FID of the two folders and the statistics of each, by the steps of its `calculate_fid_given_paths`
-    (fid_score.py:249-266, SJD's call, evaluation_metrics.py:185-191): its network loading the weights from torch.hub's
-    folder, where its download would have put them, its statistics of each folder's PNGs, its distance."""
-    from pytorch_fid.fid_score import calculate_frechet_distance, compute_statistics_of_path
+def pytorch_fids_own(weights: Path, real: Path, fake: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """pytorch-fid's statistics of the two folders, by the steps of its `calculate_fid_given_paths` (fid_score.py:
+    249-266, SJD's call, evaluation_metrics.py:185-191): its network loading the weights from torch.hub's folder, where
+    its download would have put them, its statistics of each folder's PNGs (`their_fid` is its last step, the
+    distance)."""
+    from pytorch_fid.fid_score import compute_statistics_of_path
     from pytorch_fid.inception import InceptionV3
 
     previous = torch.hub.get_dir()
@@ -97,8 +112,51 @@ def pytorch_fids_own(weights: Path, real: Path, fake: Path) -> tuple[float, list
             model = InceptionV3([InceptionV3.BLOCK_INDEX_BY_DIM[2048]])
     finally:
         torch.hub.set_dir(previous)
-    stats = [compute_statistics_of_path(str(folder), model, N, 2048, "cpu", num_workers=0) for folder in (real, fake)]
-    return float(calculate_frechet_distance(*stats[0], *stats[1])), stats
+    return [compute_statistics_of_path(str(folder), model, N, 2048, "cpu", num_workers=0) for folder in (real, fake)]
+
+
+def ours(pictures, cache: Path) -> FID:
+    """fid@pytorch-fid against the real folder (SJD's protocol), updated with the generated side."""
+    checkpoints, fake, _ = pictures
+    assert FID.check("pytorch-fid", checkpoints) is None
+    fid = FID(COCO, cache=Cache(cache), device=CPU, checkpoints=checkpoints, extractor="pytorch-fid")
+    fid.update(fake, None)
+    return fid
+
+
+# Computed once for the tests below, each distance's square root of a 2048 x 2048 matrix (~15 s) in one test: the
+# broken variant's test takes pytorch-fid's, the parity test ours.
+@pytest.fixture(scope="module")
+def their_statistics(weights, pictures) -> list[tuple[np.ndarray, np.ndarray]]:
+    checkpoints, _, fake_folder = pictures
+    return pytorch_fids_own(weights, checkpoints / "val2017", fake_folder)
+
+
+@pytest.fixture(scope="module")
+def their_fid(their_statistics) -> float:
+    """pytorch-fid's own FID of the two folders: its distance of the two statistics, the real side first."""
+    from pytorch_fid.fid_score import calculate_frechet_distance
+
+    return float(calculate_frechet_distance(*their_statistics[0], *their_statistics[1]))
+
+
+@pytest.fixture(scope="module")
+def good(weights, pictures, tmp_path_factory) -> FID:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(inception_pytorch_fid.ENV, str(weights))
+        return ours(pictures, tmp_path_factory.mktemp("good"))
+
+
+def frechet_of_few(reference: dict, features: torch.Tensor) -> float:
+    """The Frechet distance between `reference` statistics and those of n feature rows, without the 2048 x 2048 square
+    root: with B the centred rows, the generated covariance is B'B / (n - 1), and the nonzero eigenvalues of
+    sigma_ref B'B / (n - 1) are those of the n x n matrix B sigma_ref B' / (n - 1), so tr sqrtm(sigma_ref sigma_gen) is
+    the sum of their square roots."""
+    x = features.double().numpy()
+    mu, b = x.mean(0), x - x.mean(0)
+    cross = np.linalg.eigvalsh(b @ reference["sigma"] @ b.T / (len(x) - 1))
+    return float(((reference["mu"] - mu) ** 2).sum() + np.trace(reference["sigma"]) + (b ** 2).sum() / (len(x) - 1)
+                 - 2 * np.sqrt(cross.clip(0)).sum())
 
 
 def tf1_resize_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -111,34 +169,40 @@ def relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_fid_equals_pytorch_fids_own_on_the_same_images_and_weights(weights, pictures, tmp_path, monkeypatch):
-    """fid@pytorch-fid against a folder of real images (SJD's protocol) is pytorch-fid's own FID of the two folders
-    of PNGs, to 1e-6 relative (measured 3e-8), each side's statistics its statistics (to 2e-6). ADM's resize in place
-    of torch's moves both sides' means by 1.4-1.5 %, and the FID beyond the tolerance (measured: 7.848 against
-    8.221)."""
-    checkpoints, fake, fake_folder = pictures
-    monkeypatch.setenv(inception_pytorch_fid.ENV, str(weights))
-    theirs, (real_stats, fake_stats) = pytorch_fids_own(weights, checkpoints / "val2017", fake_folder)
-
-    def ours(cache: Path) -> FID:
-        assert FID.check("pytorch-fid", checkpoints) is None
-        fid = FID(COCO, cache=Cache(cache), device=CPU, checkpoints=checkpoints, extractor="pytorch-fid")
-        fid.update(fake, None)
-        return fid
-
-    good = ours(tmp_path / "a")
+def test_each_sides_statistics_are_pytorch_fids_own(good, their_statistics):
+    """fid@pytorch-fid against a folder of real images (SJD's protocol): each side's statistics are pytorch-fid's own
+    of the two folders of PNGs, to 1e-5 relative (measured 2e-6)."""
+    real_stats, fake_stats = their_statistics
     # float32 features: the real side runs one image a pass (`folder_statistics`), pytorch-fid's a batch of 4
     for stats, (mu, sigma) in ((good._stats, real_stats), (FID._statistics(good.generated()), fake_stats)):
         assert relative(stats["mu"], mu) < 1e-5 and relative(stats["sigma"], sigma) < 1e-5
-    value = good.compute()
-    print(f"FID of {N} + {N} digits: pytorch-fid's own {theirs!r}, ours {value}")
-    assert value == {"fid.pytorch-fid.coco2017-val": pytest.approx(theirs, rel=1e-6)}
+
+
+def test_adms_resize_in_place_of_torchs_is_caught(weights, pictures, good, their_statistics, their_fid, tmp_path,
+                                                  monkeypatch):
+    """The broken variant: ADM's resize in place of torch's moves both sides' means by 1.4-1.5 %, a hundred times the
+    statistics' tolerance above, and the FID beyond its tolerance below (measured: 7.848 against pytorch-fid's 8.221).
+    The distances here are `frechet_of_few`'s, which gives pytorch-fid's own on the correct features to 1e-5 (measured
+    5e-7: the square root of the singular 2048 x 2048 product is that inexact)."""
+    real_stats, fake_stats = their_statistics
+    assert frechet_of_few(good._stats, good.generated()) == pytest.approx(their_fid, rel=1e-5)
+    monkeypatch.setenv(inception_pytorch_fid.ENV, str(weights))
     monkeypatch.setattr(PytorchFidExtractor, "features", tf1_resize_features)
-    broken = ours(tmp_path / "b")
+    broken = ours(pictures, tmp_path)
     for stats, (mu, _) in ((broken._stats, real_stats), (FID._statistics(broken.generated()), fake_stats)):
         print(f"ADM's resize moves the mean by {relative(stats['mu'], mu):.2%}")
-        assert relative(stats["mu"], mu) > 1e-3  # a hundred times the tolerance above
-    assert broken.compute()["fid.pytorch-fid.coco2017-val"] != pytest.approx(theirs, rel=1e-3)
+        assert relative(stats["mu"], mu) > 1e-3
+    distance = frechet_of_few(broken._stats, broken.generated())
+    print(f"FID under ADM's resize {distance}, pytorch-fid's own {their_fid}")
+    assert distance != pytest.approx(their_fid, rel=1e-3)
+
+
+def test_fid_equals_pytorch_fids_own_on_the_same_images_and_weights(good, their_fid):
+    """fid@pytorch-fid against a folder of real images (SJD's protocol) is pytorch-fid's own FID of the two folders
+    of PNGs, to 1e-6 relative (measured 1e-7)."""
+    got = good.compute()
+    print(f"FID of {N} + {N} digits: pytorch-fid's own {their_fid!r}, ours {got}")
+    assert got == {"fid.pytorch-fid.coco2017-val": pytest.approx(their_fid, rel=1e-6)}
 
 
 def test_the_network_is_pytorch_fids_own_and_nothing_downloads(weights):

@@ -16,11 +16,14 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
 import pytest
+import submitit
 import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
@@ -29,7 +32,6 @@ from bench.launch import SlurmOptions, absolute_store
 from bench.suite import load_suite
 from cli import main
 from core.errors import UserError
-from core.spool import SPOOL_DIR
 from sweeps.study import StorageOptions, make_storage
 from tests.fakes import NO_CHECKPOINTS
 
@@ -192,17 +194,18 @@ def _runs(uri: str, experiment: str) -> list:
 
 
 @needs_slurm
-def test_a_suite_runs_each_trial_as_a_job_of_two_ranks_into_one_store_and_one_report(slurm, plugin, tmp_path, capsys):
-    suite = _suite(tmp_path, "cluster", [{"teacher": "table-ar", "method": "sjd", "params": {"window": 2}},
-                                         {"teacher": "table-ar", "method": "ar"}], n_samples=6, batch_size=2)
+def test_a_suite_runs_each_trial_as_a_job_of_two_ranks_into_one_store_and_one_report(slurm, plugin, tmp_path,
+                                                                                    fresh_store, capsys):
+    trials = [{"teacher": "table-ar", "method": "sjd", "params": {"window": 2}},
+              {"teacher": "table-ar", "method": "ar"}]
+    suite = _suite(tmp_path, "cluster", trials, n_samples=6, batch_size=2)
     command = ["suite", str(suite), *SLURM, "--gpus-per-node", "2", *_args(tmp_path)]
     assert main(command) == 0
     out, err = capsys.readouterr()
     assert "ran 2 trials as Slurm jobs (0 failed), 0 already finished" in out, out + err
     assert err.count("Slurm job ") == 2 and str(tmp_path / "report" / "slurm") in err
 
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    runs = {r.data.tags["trial_key"]: r for r in _runs(store, "cluster")}
+    runs = {r.data.tags["trial_key"]: r for r in _runs(fresh_store, "cluster")}
     planned = {p.key() for p in load_suite(str(suite), checkpoints=NO_CHECKPOINTS).plans}
     assert runs.keys() == planned and {r.info.status for r in runs.values()} == {"FINISHED"}
     for run in runs.values():  # each job ran its trial on two ranks: 3 batches, 2 drawn by rank 0
@@ -210,11 +213,11 @@ def test_a_suite_runs_each_trial_as_a_job_of_two_ranks_into_one_store_and_one_re
     report = (tmp_path / "report" / "REPORT.md").read_text()
     assert "sjd" in report and "table-ar" in report
 
-    # the samples of one process, whatever the ranks
-    one = f"sqlite:///{tmp_path}/one.db"
-    assert main(["suite", str(suite), "--tracking-uri", one, "--cache-dir", str(tmp_path / "cache"), "--out",
+    # the samples of one process, whatever the ranks (the same trials, another experiment of the store)
+    one = _suite(tmp_path, "one", trials, n_samples=6, batch_size=2)
+    assert main(["suite", str(one), "--tracking-uri", fresh_store, "--cache-dir", str(tmp_path / "cache"), "--out",
                  str(tmp_path / "one"), "--no-progress", "--warmup", "0"]) == 0
-    for run in _runs(one, "cluster"):
+    for run in _runs(fresh_store, "one"):
         mine = runs[run.data.tags["trial_key"]].data.tags
         assert mine["samples_sha256.method"] == run.data.tags["samples_sha256.method"]
 
@@ -224,71 +227,95 @@ def test_a_suite_runs_each_trial_as_a_job_of_two_ranks_into_one_store_and_one_re
     assert "ran 0 trials as Slurm jobs (0 failed), 2 already finished" in out and "Slurm job" not in err
 
 
+def _cancel_when(held: Path, returned: threading.Event) -> str | None:
+    """The id of the one job, cancelled once its trial holds (`held` exists); None if the submitter returned first.
+    Whatever happens here, no job is left holding until its time limit."""
+    try:
+        deadline = time.monotonic() + 120
+        while not held.exists():
+            if returned.is_set():
+                return None
+            assert time.monotonic() < deadline, "the job's trial did not reach its 4th batch"
+            time.sleep(0.05)
+        (job,) = _queue()
+        subprocess.run(["scancel", job], check=True)
+        return job
+    except BaseException:
+        subprocess.run(["scancel", "--user", "root"], check=False)
+        raise
+
+
 @needs_slurm
-def test_a_job_killed_mid_trial_fails_and_its_trial_resumes_when_the_suite_is_submitted_again(slurm, plugin, tmp_path):
-    # 20 ms per token pass (tests/plugins.py): 40 samples of 8 tokens take seconds, long enough to be killed mid-way
-    suite = _suite(tmp_path, "killed", [{"teacher": "slow-table-ar", "method": "ar"}], n_samples=40, batch_size=1)
+def test_a_job_killed_mid_trial_fails_and_its_trial_resumes_when_the_suite_is_submitted_again(slurm, plugin, tmp_path,
+                                                                                            fresh_store, monkeypatch,
+                                                                                            capsys):
+    # the job's trial holds in its 4th batch (tests/plugins.py), 3 spooled: cancelled there, whatever the machine's
+    # speed, by a thread of this process while its main thread submits the suite and waits for the job
+    held = tmp_path / "held"
+    monkeypatch.setenv("ACCELBENCH_TEST_HOLD_AFTER", f"3:{held}")
+    # submitit waits 15 s for the result file of a job that ended without one, in case a network file system shows
+    # it late; the jobs' folder is a local one here
+    monkeypatch.setattr(submitit.core.core.Job, "_results_timeout_s", 0)
+    suite = _suite(tmp_path, "killed", [{"teacher": "held-table-ar", "method": "ar"}], n_samples=8, batch_size=1)
     command = ["suite", str(suite), *SLURM, *_args(tmp_path)]
-    proc = subprocess.Popen([sys.executable, "-m", "cli", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    spooled = tmp_path / "cache" / SPOOL_DIR
-    deadline = time.monotonic() + 120
-    while len(list(spooled.glob("*/method/*.pt"))) < 5:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the job did not reach its trial's 5th batch"
-        time.sleep(0.05)
-    (job,) = _queue()
-    subprocess.run(["scancel", job], check=True)
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 1, err[-3000:]
-    assert f"failed: trial 1/1 (ar[greedy=False] slow-table-ar s0): Slurm job {job} ended CANCELLED" in err, err
+    returned = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        cancelled = pool.submit(_cancel_when, held, returned)
+        try:
+            assert main(command) == 1
+        finally:
+            returned.set()
+        job = cancelled.result()
+    err = capsys.readouterr().err
+    assert job is not None, err[-3000:]
+    assert f"failed: trial 1/1 (ar[greedy=False] held-table-ar s0): Slurm job {job} ended CANCELLED" in err, err
     assert f"log {tmp_path / 'report' / 'slurm' / job}_0_log.err" in err
 
+    monkeypatch.delenv("ACCELBENCH_TEST_HOLD_AFTER")
     assert main(command) == 0  # submitted again: the trial resumes in a new job
-    runs = _runs(f"sqlite:///{tmp_path}/mlflow.db", "killed")
+    runs = _runs(fresh_store, "killed")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
     resumed = next(r for r in runs if r.info.status == "FINISHED")
     killed = next(r for r in runs if r.info.status == "KILLED")
-    assert 5 <= int(resumed.data.tags["resumed_from"]) < 40 and resumed.data.tags["resumed_run"] == killed.info.run_id
+    assert resumed.data.tags["resumed_from"] == "3" and resumed.data.tags["resumed_run"] == killed.info.run_id
     assert (tmp_path / "report" / "REPORT.md").is_file()
 
 
 @needs_slurm
-def test_sweep_workers_run_as_jobs_sharing_one_study(slurm, plugin, tmp_path, monkeypatch, capsys):
+def test_sweep_workers_run_as_jobs_sharing_one_study(slurm, plugin, tmp_path, fresh_store, monkeypatch, capsys):
     """Each worker's first trial waits until both workers hold one (tests/plugins.py's barrier teacher): the two
-    jobs ran at once, on one study in a journal file both reach."""
+    jobs ran at once, on one study in a journal file both reach, a trial each."""
     monkeypatch.setenv("ACCELBENCH_TEST_BARRIER", f"{tmp_path}/barrier:2")
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
-        "study": "s", "base": {"teacher": "barrier-table-ar", "method": "sjd", "n_samples": 2}, "n_trials": 4,
+        "study": "s", "base": {"teacher": "barrier-table-ar", "method": "sjd", "n_samples": 2}, "n_trials": 2,
         "space": {"window": {"type": "int", "low": 1, "high": 6}},
         "objectives": [{"metric": "speedup_steps", "direction": "maximize"}]}))
     storage = f"journal:{tmp_path}/optuna.journal"
     assert main(["sweep", str(spec), *SLURM, "--workers", "2", "--storage", storage,
-                 "--slurm-folder", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+                 "--slurm-folder", str(tmp_path / "jobs"), "--tracking-uri", fresh_store,
                  "--cache-dir", str(tmp_path / "cache"), "--warmup", "0", "--no-progress"]) == 0
     assert capsys.readouterr().err.count("Slurm job ") == 2
     trials = optuna.load_study(study_name="s", storage=make_storage(StorageOptions(storage))).get_trials()
-    assert sum(t.state == TrialState.COMPLETE for t in trials) == 4
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert len({t.user_attrs["worker"] for t in trials}) == 2
 
 
-def test_torchrun_as_two_node_groups_draws_the_samples_of_one_process(plugin, tmp_path):
+def test_torchrun_as_two_node_groups_draws_the_samples_of_one_process(plugin, tmp_path, fresh_store):
     """Two torchrun agents, one per "node", meeting at a c10d rendezvous on 127.0.0.1, as on two hosts of a cluster."""
     trial = ["run", "--teacher", "table-ar", "--method", "sjd", "--param", "window=2", "--n-samples", "5",
              "--batch-size", "1", "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--warmup", "0"]
     endpoint = f"127.0.0.1:{_free_ports(1)[0]}"
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes",
-                               "--max-restarts", "0", "-m", "cli", *trial, "--tracking-uri",
-                               f"sqlite:///{tmp_path}/two.db"],
+                               "--max-restarts", "0", "-m", "cli", *trial, "--tracking-uri", fresh_store],
                               env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for node in nodes:
         _, err = node.communicate(timeout=300)
         assert node.returncode == 0, err[-3000:]
-    assert main([*trial, "--tracking-uri", f"sqlite:///{tmp_path}/one.db"]) == 0
-    (two,), (one,) = (_runs(f"sqlite:///{tmp_path}/{db}.db", "accelbench") for db in ("two", "one"))
+    assert main([*trial, "--tracking-uri", fresh_store, "--experiment", "one"]) == 0
+    (two,), (one,) = (_runs(fresh_store, experiment) for experiment in ("accelbench", "one"))
     assert two.data.params["world_size"] == "2" and "samples_per_sec_rank1" in two.data.metrics
     hashes = {k: v for k, v in one.data.tags.items() if k.startswith("samples_sha256.")}
     assert hashes and hashes == {k: v for k, v in two.data.tags.items() if k.startswith("samples_sha256.")}
@@ -306,6 +333,7 @@ def test_slurm_options_are_checked(tmp_path, options, message):
         SlurmOptions(tmp_path, **options)
 
 
+@pytest.mark.usefixtures("fresh_store")  # the store `_args` names
 def test_slurm_options_without_the_launcher_or_slurm_are_one_line(plugin, tmp_path, monkeypatch, capsys):
     suite = _suite(tmp_path, "e", [{"teacher": "table-ar", "method": "ar"}])
     assert main(["suite", str(suite), "--nodes", "2", *_args(tmp_path)]) == 2
