@@ -17,6 +17,7 @@ class JacobiConfig(SJDConfig):
     # `greedy` (a sampling setting): argmax everywhere, the classic Jacobi iteration, against greedy AR as the
     # reference; false samples as the paper's JD baseline does.
     greedy_allowed = True
+    verify_modes = ("exact",)  # its rule is the exact match
 
 
 class Jacobi(SJD):

@@ -29,6 +29,8 @@ from core.acceptance import count_prefix
 from core.errors import UserError
 from core.samples import Samples
 from methods.base import Method, Passes
+from methods.lantern import relaxed_rule
+from methods.verify import draft_masses, verify
 from teachers.families import ar_token
 from teachers.families.ar_token import draw, process
 
@@ -36,6 +38,7 @@ from teachers.families.ar_token import draw, process
 # `top1-*` takes its most likely token, as the released `sample_horizon` does (it keeps the top-1 of that distribution,
 # scheduler/jacobi_iteration_lumina_mgpt.py `get_multi_token_for_preparation`) and eval_model.py:84 defaults to.
 InitScheme = Literal["random", "repeat-left", "repeat-above", "sample-left", "sample-above", "top1-left", "top1-above"]
+Verify = Literal["exact", "lantern"]
 
 
 @dataclass(frozen=True)
@@ -46,26 +49,29 @@ class SJDConfig:
     ar_head: int = 0  # first tokens decoded one per pass
     ar_tail: int = 0  # last tokens decoded one per pass
     refine: bool = True  # Eq. 3; False is the App. F "no refinement" ablation
+    # `lantern`: LANTERN's relaxed acceptance (`methods.lantern`, lossy), its k nearest codes, budget delta, or
+    # LANTERN++'s lambda where > 1 (entrypoints/generate_images.py:54-55 of jadohu/LANTERN)
+    verify: Verify = "exact"
+    lantern_k: int = 1000
+    lantern_delta: float = 0.1
+    lantern_lambda: float = 0.0
     # Greedy verification is Jacobi decoding's (`methods.jacobi`); SJD's speculative rule verifies samples.
     greedy_allowed: ClassVar[bool] = False
+    verify_modes: ClassVar[tuple[str, ...]] = ("exact", "lantern")  # a method with its own rule has only "exact"
 
     def __post_init__(self):
         if self.sampling.greedy and not self.greedy_allowed:
             raise ValueError("greedy must be false: SJD verifies sampled drafts (greedy decoding is method jacobi "
                              "with greedy=true)")
+        if self.verify not in self.verify_modes:
+            raise ValueError(f"verify must be one of {', '.join(self.verify_modes)} here, got {self.verify!r}")
+        if self.lantern_k < 1 or not 0 <= self.lantern_delta <= 1 or self.lantern_lambda < 0:
+            raise ValueError(f"lantern_k must be >= 1, lantern_delta in [0, 1] and lantern_lambda >= 0, got "
+                             f"{self.lantern_k}, {self.lantern_delta}, {self.lantern_lambda}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.ar_head < 0 or self.ar_tail < 0:
             raise ValueError(f"ar_head and ar_tail must be >= 0, got {self.ar_head}, {self.ar_tail}")
-
-
-def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Eq. 2, unnormalised: max(0, p - q), to resample from after rejecting a draft drawn from q (target p).
-
-    `draw` normalises by the cumulative sum, so the division is left to it. A rejection implies p(d) < q(d), hence
-    q(d) > 0 and, both summing to one, some x with p(x) > q(x): the residual mass is positive.
-    """
-    return (p - q).clamp(min=0)
 
 
 def speculative_rule(P, drafts, qs, S, n_valid, generator):
@@ -74,18 +80,10 @@ def speculative_rule(P, drafts, qs, S, n_valid, generator):
     P (M, L, V) this pass's distributions (row t predicts the position of draft t), drafts (M, L-1) with their draft
     distributions qs (M, L-1, V), S (M, L) this pass's tokens, n_valid (M,) each row's real drafts (the rest pads the
     window). Returns the drafts accepted per row (M,) and the token at each row's first rejection (M,), meaningful
-    where fewer than n_valid were accepted.
+    where fewer than n_valid were accepted. A rule may also return the tokens (M, L) and draft distributions
+    (M, L, V) that refine the positions after the commit in place of S and P (`methods.scd`'s maximal coupling).
     """
-    M, D = drafts.shape
-    p_d = P[:, :D].gather(2, drafts[..., None]).squeeze(2)  # (M, D)
-    q_d = qs.gather(2, drafts[..., None]).squeeze(2)  # (M, D)
-    u = torch.rand(M, D, generator=generator, device=P.device)
-    padding = torch.arange(D, device=P.device) >= n_valid[:, None]  # (M, D)
-    stop = (u * q_d >= p_d) | padding  # Eq. 1: accept iff u < min(1, p/q), i.e. u * q < p for u in [0, 1)
-    n_ok = (~stop).long().cumprod(1).sum(1)  # (M,) drafts before the first stop
-    replacement = torch.zeros_like(n_ok)
-    hit = (n_ok < n_valid).nonzero().squeeze(1)
-    replacement[hit] = draw(residual(P[hit, n_ok[hit]], qs[hit, n_ok[hit]]), generator)
+    n_ok, replacement, _ = verify(P, drafts, qs, n_valid, generator, *draft_masses(P, drafts, qs))
     return n_ok, replacement
 
 
@@ -146,16 +144,37 @@ def batch_refusal(teacher, batch_size: int) -> str | None:
             f"batch_size 1, got {batch_size}")
 
 
+class IndependentDraws:
+    """How a pass's tokens are drawn: each row of each window independently from its distribution (SJD). A coupled
+    scheme (`methods.scd.GumbelDraws`) reuses a position's randomness across passes until the position is decided."""
+
+    def __init__(self, generator, greedy: bool):
+        self.generator, self.greedy = generator, greedy
+
+    def first(self, P0: torch.Tensor) -> torch.Tensor:  # (B, V) -> (B,) the first token, from the prefill's logits
+        return draw(P0, self.generator, self.greedy)
+
+    def window(self, P: torch.Tensor, n_out: torch.Tensor, L_row: torch.Tensor) -> torch.Tensor:
+        return draw(P, self.generator, self.greedy)  # (M, L, V) -> (M, L); row t predicts position n_out + 1 + t
+
+    def decided(self, m: torch.Tensor, L_row: torch.Tensor) -> None:
+        """After a pass of windows L_row (M,) that decided m (M,) positions per row."""
+
+    def select(self, live: torch.Tensor) -> None:
+        """The rows `live` stay in the batch (`ARTokenTeacher.select`)."""
+
+
 @torch.inference_mode()
-def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
+def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule, draws=None):
     """Decode a batch of sequences (cond: (B, P)); returns tokens (B, N) and counters: `nfe` the passes each row went
     through, summed over rows (as B sequences decoded one by one would count), `batch_forwards` the passes of the
-    batch, `tokens`, `drafts_verified` and `drafts_accepted` summed over rows."""
+    batch, `tokens`, `drafts_verified` and `drafts_accepted` summed over rows. `draws` draws each pass's tokens
+    (`IndependentDraws` by default)."""
     B, N, V, s = len(cond), teacher.seq_len, teacher.vocab_size, c.sampling
     if refusal := batch_refusal(teacher, B):
         raise UserError(refusal)
     ragged = B > 1  # a lone row needs no per-row lengths
-    greedy = s.greedy
+    draws = draws or IndependentDraws(generator, s.greedy)
     drafter = _Drafter(c.init, V, teacher.grid[-1], generator, ar_token.draft_vocabulary(teacher))
     state, logits = teacher.start(cond, cfg=s.cfg, ragged=True) if ragged else teacher.start(cond, cfg=s.cfg)
     P0 = process(logits, s)  # (B, V)
@@ -167,7 +186,9 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
     out = torch.empty(B, N, dtype=torch.long, device=device)
     seq = torch.zeros(B, N, dtype=torch.long, device=device)
     dists = torch.zeros(B, N, V, device=device)
-    seq[:, 0], dists[:, 0] = draw(P0, generator, greedy), P0
+    seq[:, 0], dists[:, 0] = draws.first(P0), P0
+    one = torch.ones(B, dtype=torch.long, device=device)
+    draws.decided(one, one)  # the prefill is a pass of one position
     rows = torch.arange(B, device=device)
     n_out = torch.zeros(B, dtype=torch.long, device=device)
     n_drafts = torch.zeros_like(n_out)
@@ -180,6 +201,7 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
                 break
             live = (~done).nonzero().squeeze(1)
             teacher.select(state, live)
+            draws.select(live)
             rows, seq, dists, n_out, n_drafts = rows[live], seq[live], dists[live], n_out[live], n_drafts[live]
         M = len(rows)
         remaining = N - 1 - n_out  # (M,) positions after the pending token
@@ -193,10 +215,13 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
         window = seq.gather(1, idx)
         P = process(teacher.extend(state, window), s)  # (M, L, V); row t predicts position n_out + 1 + t
         counts.update(nfe=M, batch_forwards=1)
-        S = draw(P, generator, greedy)  # (M, L) this pass's tokens: refinements and the bonus tokens
+        S = draws.window(P, n_out, L_row)  # (M, L) this pass's tokens: refinements and the bonus tokens
+        refined = P
         if L > 1:
             qs = dists.gather(1, idx[:, 1:, None].expand(M, L - 1, V))  # (M, L-1, V)
-            n_ok, replacement = rule(P, window[:, 1:], qs, S, n_valid, generator)
+            n_ok, replacement, *coupled = rule(P, window[:, 1:], qs, S, n_valid, generator)
+            if coupled:
+                S, refined = coupled
         else:
             n_ok = replacement = torch.zeros_like(n_out)
         rejected = n_ok < n_valid  # (M,); otherwise every draft was accepted and the last real row gives a bonus
@@ -210,10 +235,11 @@ def jacobi_decode(teacher, cond: torch.Tensor, c: SJDConfig, generator, rule):
         # row included. Padding rows (t >= L_row) are never read.
         take = slot[None] <= (n_valid - n_ok)[:, None] if c.refine else (slot == 0)[None].expand(M, L)
         r, j = take.nonzero(as_tuple=True)
-        seq[r, pend[r] + j], dists[r, pend[r] + j] = S[r, n_ok[r] + j], P[r, n_ok[r] + j]
+        seq[r, pend[r] + j], dists[r, pend[r] + j] = S[r, n_ok[r] + j], refined[r, n_ok[r] + j]
         hit = rejected.nonzero().squeeze(1)
         seq[hit, pend[hit]] = replacement[hit]  # Eq. 2: the residual sample (or Jacobi's refreshed token)
         n_drafts = torch.where(rejected, n_valid - n_ok, 0) if c.refine else torch.zeros_like(n_out)
+        draws.decided(n_ok + 1, L_row)
         n_out = pend
     return out, counts
 
@@ -240,11 +266,18 @@ class SJD(Method):
 
     def __init__(self, teacher, config: SJDConfig):
         super().__init__(teacher, config)
+        if config.verify == "lantern":
+            self.rule = relaxed_rule(teacher, config.lantern_k, config.lantern_delta, config.lantern_lambda)
         if config.init.endswith("above") and len(teacher.grid) < 2:
             raise UserError(f"init {config.init!r} reads the token above: teacher {teacher.name!r} has a 1-D grid "
                             f"{teacher.grid}; use random, repeat-left, sample-left or "
                             f"top1-left")
 
+    def draws(self, batch: int, generator) -> IndependentDraws:
+        """How each pass's tokens are drawn for a batch of `batch` sequences (a coupled scheme overrides it)."""
+        return IndependentDraws(generator, self.config.sampling.greedy)
+
     def sample(self, cond, *, generator):
-        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule)
+        tokens, counts = jacobi_decode(self.teacher, cond, self.config, generator, self.rule,
+                                       self.draws(len(cond), generator))
         return Samples(tokens, cond, counts)

@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 import methods.sjd as sjd
+import methods.verify
 from core.config import build_config
 from methods.jacobi import JacobiConfig
 from methods.sjd import SJDConfig, exact_match_rule, jacobi_decode, speculative_rule
@@ -142,7 +143,7 @@ def test_sampling_jacobi_matches_the_exact_distribution():
 def test_resampling_from_p_instead_of_the_residual_is_detected(monkeypatch):
     # With uniform random drafts, resampling from p happens to be exact too (the draft is independent of p);
     # drafts that depend on the context (repeat-left) expose the bug.
-    monkeypatch.setattr(sjd, "residual", lambda p, q: p)
+    monkeypatch.setattr(methods.verify, "residual", lambda p, q: p)
     assert table_p(sjd_config(window=3, init="repeat-left"), speculative_rule) < ALPHA
 
 
@@ -151,7 +152,7 @@ def test_acceptance_probability_and_residual_reconstruct_p():
     for _ in range(20):
         p, q = torch.rand(7, generator=g).softmax(0), torch.rand(7, generator=g).softmax(0)
         accept = torch.minimum(p, q)  # q(x) * min(1, p(x)/q(x))
-        r = sjd.residual(p, q)
+        r = methods.verify.residual(p, q)
         rebuilt = accept + (1 - accept.sum()) * r / r.sum()
         torch.testing.assert_close(rebuilt, p, atol=1e-6, rtol=0)
 
@@ -301,15 +302,17 @@ BATCH_CONDS = torch.tensor([[3, 3], [6, 6], [9, 9], [12, 12]])  # four classes: 
 N_BATCHES = 500
 
 
-def rows_p(teacher, conds, config, rule, n=N_BATCHES, seed=0) -> float:
+def rows_p(teacher, conds, config, rule, n=N_BATCHES, seed=0, decode=None) -> float:
     """p-value of n batches (one sequence per row of `conds`) against each row's exact law: one chi-square over every
     row's sequences (independent rows: their statistics add up, one degree of freedom lost per row), each row's rare
-    sequences pooled (`pooled`); 0 as soon as a sequence of probability 0 is drawn."""
+    sequences pooled (`pooled`); 0 as soon as a sequence of probability 0 is drawn. `decode(generator)` draws a batch
+    of tokens (B, N) instead of `jacobi_decode` with `rule` (a method's own `sample`)."""
     laws = [exact_law(teacher, cond[None], config.sampling) for cond in conds]
     g = torch.Generator().manual_seed(seed)
     counts = [Counter() for _ in conds]
+    decode = decode or (lambda g: jacobi_decode(teacher, conds, config, g, rule)[0])
     for _ in range(n):
-        tokens, _ = jacobi_decode(teacher, conds, config, g, rule)
+        tokens = decode(g)
         for law, row, seq in zip(laws, counts, map(tuple, tokens.tolist())):
             if law.get(seq, 0.0) == 0.0:
                 return 0.0

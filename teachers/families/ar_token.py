@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from core.errors import UserError
 from core.samples import Samples
 from teachers.families import Family
 
@@ -136,6 +137,26 @@ def draft_vocabulary(teacher) -> torch.Tensor | None:
         raise ValueError(f"draft_tokens of {type(teacher).__name__} must be a non-empty 1-D set of ids in "
                          f"[0, {teacher.vocab_size}), got shape {tuple(ids.shape)}")
     return ids
+
+
+def token_vectors(teacher, space: str) -> torch.Tensor:
+    """(V, D) one vector per token id, for methods that relate tokens by distance: `space` "codebook", the code
+    vectors the ids decode through (LANTERN's latent neighbours), where the teacher's `codebook` has a row per id;
+    "embedding", or a teacher without such a codebook (a text LM; Chameleon's and Emu3's ids map to their VQ codes
+    through a table), the network's input embedding (GSD's). A teacher with neither is refused in one line."""
+    codebook = getattr(teacher, "codebook", None)
+    per_id = codebook is not None and len(codebook) == teacher.vocab_size
+    if space == "codebook" and per_id:
+        return codebook.detach().float()
+    for owner in (getattr(teacher, "network", None), getattr(teacher, "model", None)):
+        if hasattr(owner, "token_embedding"):
+            return owner.token_embedding().detach()[: teacher.vocab_size].float()
+        if hasattr(owner, "get_input_embeddings"):  # a Hugging Face model
+            return owner.get_input_embeddings().weight.detach()[: teacher.vocab_size].float()
+    if per_id:
+        return codebook.detach().float()
+    raise UserError(f"teacher {getattr(teacher, 'name', type(teacher).__name__)!r} has no token vectors: neither "
+                    f"a codebook with a row per id nor a network with an input embedding")
 
 
 def guide(state, logits: torch.Tensor) -> torch.Tensor:  # (2B or B, ..., V) -> (B, ..., V)
