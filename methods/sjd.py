@@ -251,7 +251,7 @@ class SJD(Method):
     headline = True
     families = (ar_token.FAMILY,)
     Config = SJDConfig
-    key_knobs = ("window", "init")
+    key_knobs = ("window", "init", "verify")  # verify: a lantern run is not the paper's headline SJD
     window_knob = "window"  # Jacobi inherits it
     rule = staticmethod(speculative_rule)
 
