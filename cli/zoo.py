@@ -27,8 +27,8 @@ def cmd_zoo_build(args) -> int:
 def register(sub) -> None:
     zp = sub.add_parser("zoo", help="the model zoo shipped with the project (trained teachers and students)")
     zsub = zp.add_subparsers(dest="zoo_command", required=True)
-    b = zsub.add_parser("build", help="train every zoo entry the demo needs from scratch and write zoo/ (over an "
-                                      "hour on 2 CPU cores)")
+    b = zsub.add_parser("build", help="train every zoo entry the demo needs, and the Fashion-MNIST classifier, from "
+                                      "scratch and write zoo/ (over an hour on 2 CPU cores)")
     b.add_argument("--suite", help="suite whose trials the zoo serves (default suites/default.yaml)")
     b.add_argument("--out", help="zoo folder (default zoo/ of the project)")
     b.add_argument("--cache-dir", help="build in this cache folder and keep it (default: a temporary one)")
