@@ -5,14 +5,16 @@ relaxed targets computed by hand."""
 import pytest
 import torch
 
+from core.acceptance import PREFIX, ROUNDS
 from core.config import build_config
 from core.errors import UserError
 from core.registry import METHODS
 from methods import scd as scd_module
 from methods.gsd import GSDConfig, grouped_rule
 from methods.lantern import neighbour_table, relaxed_rule
-from tests.fakes import TableAR
-from tests.test_sjd import ALPHA, BATCH_CONDS, COND, POOL, batch_teacher, chi_square_p, rows_p
+from tests.fakes import TableAR, tiny_gpt_teacher
+from tests.test_sjd import (ALPHA, BATCH_CONDS, COND, POOL, TEXT_TEACHERS, batch_teacher, chi_square_p, exact_law,
+                            rows_p)
 
 
 def method(name: str, teacher, **knobs):
@@ -77,6 +79,36 @@ def test_gumbel_draws_are_exact_draws_and_keep_their_noise_until_decided():
     assert torch.equal(draws.window(P, torch.zeros(1, dtype=torch.long), torch.tensor([3]))[0, :2], first[0, 1:])
     counts = torch.bincount(scd_module.gumbel_argmax(P[0, :1].expand(40000, 4), torch.rand(40000, 4, generator=g)))
     torch.testing.assert_close(counts / 40000, P[0, 0], atol=0.01, rtol=0)
+
+
+TEACHERS = {"image-cfg": lambda: tiny_gpt_teacher(vocab=4, grid=(2, 2)), **TEXT_TEACHERS}
+
+
+@pytest.mark.parametrize("teacher_name", TEACHERS)
+def test_scd_exact_through_each_teachers_cache_matches_its_exact_distribution(teacher_name):
+    """Where SJD runs, SCD does: our GPT's KV cache with both CFG branches (the image teachers, LlamaGen), its text
+    path, and transformers' DynamicCache (Chameleon, Emu3, the Hugging Face LMs), each rolled back after a pass."""
+    teacher = TEACHERS[teacher_name]()
+    cond = torch.tensor([[7, 7]]) if teacher_name == "image-cfg" else teacher.conditions(1, torch.Generator())
+    m, g = method("scd", teacher, window=3, cfg=1.5 if teacher.supports_cfg else 1.0, mode="exact"), \
+        torch.Generator().manual_seed(0)
+    assert chi_square_p(exact_law(teacher, cond, m.config.sampling),
+                        lambda: tuple(m.sample(cond, generator=g).data[0].tolist()), pool_below=POOL) > ALPHA
+
+
+@pytest.mark.parametrize("teacher_name", TEACHERS)
+@pytest.mark.parametrize("name, knobs", [("gsd", {}), ("sjd", {"verify": "lantern"})])
+def test_the_lossy_rules_run_on_each_teachers_path_and_log_acceptance_by_position(teacher_name, name, knobs):
+    """GSD's input embedding and LANTERN's codebook (or, without one per id, the input embedding) on each path, at
+    batch 2 where the cache is ragged; the counters SJD logs (acceptance by window position) come out."""
+    teacher = TEACHERS[teacher_name]()
+    cond = (torch.tensor([[7, 7], [3, 3]]) if teacher_name == "image-cfg"
+            else teacher.conditions(2, torch.Generator().manual_seed(0)))
+    batch = len(cond) if getattr(teacher, "ragged_cache", False) else 1
+    out = method(name, teacher, window=3, **knobs).sample(cond[:batch], generator=torch.Generator().manual_seed(0))
+    assert out.data.shape == (batch, teacher.seq_len)
+    assert out.counters["drafts_verified"] >= out.counters["drafts_accepted"] and out.counters["drafts_verified"] > 0
+    assert out.counters[ROUNDS] > 0 and any(k.startswith(PREFIX) and k != ROUNDS for k in out.counters), sorted(out.counters)
 
 
 # ---- GSD and LANTERN: lossy; off, each is SJD draw for draw ---------------------------------------------------------
