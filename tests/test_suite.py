@@ -37,7 +37,7 @@ def test_suite_runs_what_is_missing_then_reports(tiny_recipe, tmp_path, cache_di
     assert "ran 4 trials, 0 already finished" in capsys.readouterr().out
     assert len(finished(tmp_path)) == 4
     first = (tmp_path / "report" / "REPORT.md").read_text()
-    assert "| sjd | window=4, init=random |" in first and "| jacobi | window=4 |" in first
+    assert "| sjd | window=4, init=random, verify=exact |" in first and "| jacobi | window=4 |" in first
     more = dict(SUITE, seeds=[0, 1, 2])
     assert run(tmp_path, cache_dir, write(tmp_path, more)) == 0
     assert "ran 2 trials, 4 already finished" in capsys.readouterr().out
@@ -88,8 +88,9 @@ def test_a_suite_draws_its_shared_reference_arm_once(plugin, tmp_path, monkeypat
     protocol = ["--latency-warmup", "0", "--latency-min-count", "1", "--latency-min-seconds", "0"]
     assert run(tmp_path, tmp_path / "cache", write(tmp_path, suite), *protocol) == 0
     # ar: 20 drawn, 1 counted, its arm timed once at batch 2; each sjd: its 20, 1 counted, the reference read, both
-    # arms timed once; the reference sampler counted once (the first sjd). Drawing the reference again: 2 x 20 more.
-    assert sum(rows) == (20 + 1 + 2) + (20 + 1 + 1 + 2 * 2) + (20 + 1 + 2 * 2)
+    # arms timed once; the reference sampler counted once, as the ar trial's own arm (`bench.cost` keys a teacher's
+    # sampler as one, whichever trial runs it). Drawing the reference again: 2 x 20 more.
+    assert sum(rows) == (20 + 1 + 2) + (20 + 1 + 2 * 2) + (20 + 1 + 2 * 2)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     ar, w2, w3 = sorted(client.search_runs([client.get_experiment_by_name("shared").experiment_id]),
                         key=lambda r: r.info.start_time)
