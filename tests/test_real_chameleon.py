@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.config import build_config
-from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
+from core.registry import METHODS
 from teachers.families import ar_token
 from teachers.pretrained.chameleon import (END, NEWLINE, SEPARATOR, START, Anole7B, LuminaMGPT768, chameleon_levels,
                                            postprocess_levels, size_token)
@@ -162,21 +162,37 @@ def test_rollback_equals_a_fresh_decode(lumina):
     torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=1e-5)
 
 
-def sjd_p(teacher, n=200, seed=0) -> float:
+def sjd_p(teacher, n=200, seed=0, method: str = "sjd", **knobs) -> float:
     """Chi-square p-value of n SJD decodes against the exact law: top-k 2 over 6 image tokens at 4 image positions,
     16 sequences (some 12 draws each at n = 200, rare ones pooled). At n = 200 the exact decoder passes at p = 0.73,
     and the chi-square rejects resampling from p instead of the residual at p = 1e-29; the stale rollback below draws
     a sequence of probability 0 at its first decode."""
-    config = build_config(SJDConfig, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG}, owner="sjd")
+    cls = METHODS.get(method)  # or SJD's descendants: `knobs` their own
+    m = cls(teacher, build_config(cls.Config, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG, **knobs},
+                                  owner=method))
+    config = m.config
     cond, g = torch.tensor([[1]]), torch.Generator().manual_seed(seed)
     law = support_law(teacher, cond, config.sampling)
     assert len(law) == 16
-    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0][0].tolist()), n,
-                        POOL)
+    return chi_square_p(law, lambda: tuple(m.sample(cond, generator=g).data[0].tolist()), n, POOL)
 
 
 def test_sjd_through_the_transformers_cache_matches_its_exact_distribution(lumina):
     assert sjd_p(lumina) > 1e-3
+
+
+@pytest.mark.parametrize("coupling", ["gumbel", "maximal"])
+def test_scd_exact_through_the_transformers_cache_matches_its_exact_distribution(lumina, coupling):
+    assert sjd_p(lumina, method="scd", coupling=coupling, mode="exact") > 1e-3
+
+
+@pytest.mark.parametrize("method, knobs", [("gsd", {}), ("sjd", {"verify": "lantern"})])
+def test_the_relaxed_verifiers_run_on_lumina_with_its_input_embedding(lumina, method, knobs):
+    """Chameleon's ids map to VQ codes through a table: GSD and LANTERN relate them by the input embedding."""
+    cls = METHODS.get(method)
+    m = cls(lumina, build_config(cls.Config, {"window": 4, "top_k": 2, "cfg": CFG, **knobs}, owner=method))
+    seq = m.sample(torch.tensor([[1]]), generator=torch.Generator().manual_seed(0)).data[0]
+    assert len(seq) == lumina.seq_len and lumina.image_tokens[seq].sum() == 4  # the 2 x 2 image's codes
 
 
 def test_sjd_whose_rollback_keeps_stale_positions_is_detected(lumina, monkeypatch):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core.config import build_config
-from methods.sjd import SJDConfig, jacobi_decode, speculative_rule
+from core.registry import METHODS
 from teachers.families import ar_token
 from teachers.pretrained.emu3 import NEGATIVE_PROMPT, POSITIVE_SUFFIX, structure
 from tests.fakes import refused_by_the_cli, EMU3_PROMPTS, ar_methods_through_the_cli, tiny_emu3_teacher
@@ -108,21 +108,27 @@ def support_law(teacher, cond: torch.Tensor, s: ar_token.SamplingConfig) -> dict
     return {tuple(q.tolist()): v for q, v in zip(seqs, probs.tolist())}
 
 
-def sjd_p(teacher, n=400, seed=0) -> float:
+def sjd_p(teacher, n=400, seed=0, method: str = "sjd", **knobs) -> float:
     """Chi-square p-value of n SJD decodes against the exact law: top-k 2 over 6 visual tokens, 64 sequences (some 6
     draws each at n = 400, rare ones pooled). At n = 400 the exact decoder passes at p = 0.75, and the chi-square
     rejects resampling from p instead of the residual at p = 6e-29; the stale rollback below draws a sequence of
     probability 0 at its first decode."""
-    config = build_config(SJDConfig, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG}, owner="sjd")
+    cls = METHODS.get(method)  # or SJD's descendants: `knobs` their own
+    m = cls(teacher, build_config(cls.Config, {"window": 4, "init": "repeat-above", "top_k": 2, "cfg": CFG, **knobs},
+                                  owner=method))
+    config = m.config
     cond, g = torch.tensor([[3]]), torch.Generator().manual_seed(seed)
     law = support_law(teacher, cond, config.sampling)
     assert len(law) == 64
-    return chi_square_p(law, lambda: tuple(jacobi_decode(teacher, cond, config, g, speculative_rule)[0][0].tolist()), n,
-                        POOL)
+    return chi_square_p(law, lambda: tuple(m.sample(cond, generator=g).data[0].tolist()), n, POOL)
 
 
 def test_sjd_on_emu3_matches_its_exact_distribution(teacher):
     assert sjd_p(teacher) > 1e-3
+
+
+def test_scd_exact_on_emu3_matches_its_exact_distribution(teacher):
+    assert sjd_p(teacher, method="scd", mode="exact") > 1e-3
 
 
 def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected(teacher, monkeypatch):
