@@ -37,9 +37,8 @@ from typing import Literal
 
 import torch
 
-from core.errors import UserError
 from methods.sjd import SJD, IndependentDraws, SJDConfig
-from methods.verify import draft_masses, verify
+from methods.verify import draft_masses, residual, verify
 from teachers.families.ar_token import draw
 
 Coupling = Literal["gumbel", "maximal"]
@@ -86,11 +85,8 @@ class GumbelDraws(IndependentDraws):
         return gumbel_argmax(P0, self.table[rows, self.base % self.W])
 
     def window(self, P, n_out, L_row):
-        M, L, V = P.shape
-        slots = self._slots(L)
-        if L > self.W:
-            raise UserError(f"a window of {L} positions reads past the {self.W} noise slots")
-        U = self.table.gather(1, slots[..., None].expand(M, L, V))  # (M, L, V)
+        M, L, V = P.shape  # L <= W: the window knob sizes both
+        U = self.table.gather(1, self._slots(L)[..., None].expand(M, L, V))  # (M, L, V)
         return gumbel_argmax(P, U)
 
     def decided(self, m, L_row):
@@ -119,7 +115,7 @@ def maximal_coupling_rule(stale_q: bool):
         redraw = ~ok & (torch.arange(D, device=P.device) < n_valid[:, None])  # (M, D) real drafts not kept
         coupled[:, :D] = torch.where(ok, drafts, coupled[:, :D])
         r, t = redraw.nonzero(as_tuple=True)
-        coupled[r, t] = draw((P[r, t] - qs[r, t]).clamp(min=0), generator)
+        coupled[r, t] = draw(residual(P[r, t], qs[r, t]), generator)
         hit = (n_ok < n_valid).nonzero().squeeze(1)
         coupled[hit, n_ok[hit]] = replacement[hit]  # the first rejection's draw is the one committed
         if stale_q:
