@@ -71,7 +71,7 @@ def test_sjd_trial_end_to_end(tiny_recipe, store, new_cache, capsys):
     exp = client.get_experiment_by_name("accelbench")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development" and "speedup_wall" in exp.tags[
         "mlflow.note.content"]
-    assert run.info.run_name == "sjd[window=4,init=random] digits-ar-t2i s3"
+    assert run.info.run_name == "sjd[window=4,init=random,verify=exact] digits-ar-t2i s3"
     from cli.store import table_state, ui_views  # what `accelbench ui` prints (tests/test_ui.py), on a real trial
 
     table, training = ui_views(store, "http://ui")  # one trial: no two to compare; the teacher's training: no view
@@ -240,7 +240,7 @@ class OtherFamilyMethod(ARSampler):
     (["--teacher", "nope", "--method", "sjd"],
      "unknown teacher 'nope'; valid: anole-7b, digits-ar-c2i, digits-ar-t2i, digits-dit-c2i"),
     (["--teacher", "digits-ar-t2i", "--method", "nope"],
-     "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, jacobi"),
+     "unknown method 'nope'; valid: ar, ard, cspd, dd, ddim, gsd, jacobi"),
     (["--teacher", "digits-ar-t2i", "--method", "sjd", "--metric", "nope"],
      "unknown metric 'nope'; valid: clip, entropy"),
     (["--teacher", "wordnet-mdlm", "--method", "mdlm", "--metric", "fid"],

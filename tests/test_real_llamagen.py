@@ -104,9 +104,9 @@ def test_vq16_key_set_is_the_official_one_less_what_decoding_never_reads(vq_fixt
         load_decoder_state(tiny_vq(vq_fixture), {**vq_fixture["state_dict"], "decoder.extra": torch.zeros(1)})
 
 
-AR_FAST = {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"],
-           "dd": ["n_pairs=16", "train_steps=2", "batch=4", "solver_steps=2"], "onestep*": ["n_pairs=16"],
-           "skip-n": ["n_pairs=16", "skip=4"]}
+AR_FAST = {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"], "scd": ["window=4", "mode=exact"],
+           "gsd": ["window=4"], "dd": ["n_pairs=16", "train_steps=2", "batch=4", "solver_steps=2"],
+           "onestep*": ["n_pairs=16"], "skip-n": ["n_pairs=16", "skip=4"]}
 
 
 def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(plugin, tmp_path):
