@@ -181,14 +181,14 @@ def test_knob_errors_are_one_line():
 
 
 def test_the_lossless_audit_runs_and_certifies_or_refutes_each_row():
-    """`python benchmarks/lossless_audit.py` (docs/guide/lossless.md), at 300 draws a row instead of 20,000: a row for
+    """`python benchmarks/lossless_audit.py` (docs/guide/lossless.md), at 150 draws a row instead of 20,000: a row for
     every setting, the released SCD-Gumbel refuted even at this size (p = 0: it draws with correlated noise)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "lossless_audit.py"), "--draws", "300"],
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "lossless_audit.py"), "--draws", "150"],
                           capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| 3^4", "| 6^3"))]
