@@ -41,9 +41,9 @@ zoo: $(STAMP)
 	$(VENV)/bin/accelbench zoo build
 
 # ruff first (pyproject.toml's [tool.ruff]): an overlong line or an unused import fails in seconds, before the
-# minutes of pytest. The tests run torch on one thread (tests/conftest.py), so two pytest-xdist workers use both cores:
-# measured on 2 cores, 7.0 min against 15 min in one process; `--dist loadfile` keeps a test file, and its module
-# fixtures, in one worker. pytest exits 5 when it collects no test; that is not a failure of the code under test.
+# minutes of pytest. The tests run torch on one thread (tests/conftest.py), so two pytest-xdist workers use both cores
+# (three were slower on 2 cores: 9 min 21 s against 8 min 44 s; the README states the time of a fresh clone's run);
+# `--dist loadfile` keeps a test file, and its module fixtures, in one worker. pytest exits 5 when it collects no test; that is not a failure of the code under test.
 # `--durations=25` lists the slowest tests, so a slow run (in CI too) says where its time went.
 # The tests' temporary folders go on the RAM disk /dev/shm where it has 4 GiB free: every MLflow, Optuna and cache
 # store the tests create is a new SQLite file, and a new MLflow store alone makes 1,084 fdatasync calls (strace) while
