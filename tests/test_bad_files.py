@@ -72,6 +72,7 @@ def test_a_bad_checkpoint_is_one_line_naming_it(llamagen_copy, how, message):
     assert message in one_line(exc, gpt)
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_a_damaged_checkpoint_stops_the_cli_before_any_run(llamagen_copy, tmp_path, capfd, monkeypatch):
     """On a new store, so the one line is also all of stderr: MLflow's INFO lines while it makes the store's tables
     are silenced (its handler holds the process's stderr from import time: only `capfd` sees what it writes)."""

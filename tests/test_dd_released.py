@@ -129,6 +129,7 @@ def test_a_file_that_is_not_a_release_or_does_not_fit_is_one_line(official, tmp_
         dd_released.load(tmp_path / "short.pth", wide)
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_dd_with_a_released_student_from_the_cli(plugin, tmp_path, capsys):
     """`dd --param student=<file>` on `tiny-var`: a tiny random student in the released layout sampled in 1 and 2
     steps and pre-trained-2-3 (nothing trained); a missing file is one line naming it and --checkpoints, before any
@@ -247,6 +248,7 @@ def test_full_size_llamagen_key_sets_are_the_released_ones(size, params):
     assert sum(p.numel() for p in net.parameters()) == params
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_dd_with_a_released_llamagen_student_from_the_cli(plugin, tmp_path):
     """`dd --param student=<file>` on `tiny-llamagen`: a tiny random student in the released layout (`ema`), 2 steps
     and pre-trained-2-3 (the teacher between the student's steps)."""

@@ -99,7 +99,7 @@ def test_a_documented_command_runs(source, command, tmp_path, monkeypatch, capsy
         block = re.search(r"```yaml\n(.*?)```", (ROOT / source).read_text(), re.S).group(1)
         (tmp_path / "trial.yaml").write_text(block)
         argv[argv.index("trial.yaml")] = str(tmp_path / "trial.yaml")
-    store = ["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    store = ["--tracking-uri", request.getfixturevalue("fresh_store")]
     if name in PLANNED:
         code = main([*argv, *([] if "--dry-run" in argv else ["--dry-run"])])  # with --cost too: the plan
     elif name in AS_WRITTEN:

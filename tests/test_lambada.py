@@ -235,6 +235,7 @@ def checkpoints(tmp_path_factory):
     return folder
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_lambada_scores_a_released_student_on_lm_evals_own_tasks(checkpoints, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
@@ -275,6 +276,7 @@ def test_a_suite_row_refuses_a_paper_key_its_tasks_do_not_log(tmp_path, capsys):
     assert "trial 0: unknown paper key 'arc_easy.accuracy'; valid: source, arc_easy.acc, arc_easy.acc_norm" in err
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_paper_suite_runs_end_to_end_into_the_lm_eval_table(checkpoints, tmp_path, capsys):
     """GPT-2 (lm-eval's own HF backend), the teacher and the KLD student of the paper suite, 2 documents per task, into
     MLflow and a report whose lm-eval table carries Table 1's numbers and Δ; a second pass finds them finished."""

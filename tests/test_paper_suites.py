@@ -257,6 +257,7 @@ class TinyInceptionLogits(torch.nn.Module):
 
 
 @pytest.mark.parametrize("path", PAPER_SUITES, ids=lambda p: p.stem)
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_a_paper_suite_runs_end_to_end_on_tiny_files_into_a_report_with_the_paper_column(path, tmp_path, plugin,
                                                                                            monkeypatch):
     """The suite file through `accelbench suite` on tiny random-weight files in the official formats (teachers,

@@ -76,10 +76,10 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
-def test_a_plugin_method_and_teacher_run_through_the_cli(tmp_path):
+def test_a_plugin_method_and_teacher_run_through_the_cli(tmp_path, fresh_store):
     (tmp_path / "letters_plugin.py").write_text(PLUGIN)
     env = {**os.environ, "ACCELBENCH_PLUGINS": "letters_plugin", "PYTHONPATH": str(tmp_path)}
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+    store = fresh_store
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "cli", *args], cwd=tmp_path, env=env, capture_output=True,

@@ -54,8 +54,8 @@ def test_the_readme_headline_rows_are_the_default_suites_headline_trials():
         ".venv/bin/python scripts/readme_headline.py")
 
 
-def test_the_script_writes_the_reports_headline_between_the_markers_and_nothing_else(tmp_path, capsys):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_the_script_writes_the_reports_headline_between_the_markers_and_nothing_else(tmp_path, capsys, fresh_store):
+    uri = fresh_store
     client = MlflowClient(uri)
     exp = client.create_experiment("demo")
     start = 1_790_000_000_000 + 86_400_000  # log_trial's start on day 1

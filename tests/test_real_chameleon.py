@@ -226,6 +226,7 @@ def test_decoded_images_are_the_vqgans_of_the_image_codes(lumina, anole):
 
 
 @pytest.mark.parametrize("teacher", ["tiny-lumina", "tiny-anole"])
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_chameleon_loaders_run_ar_jacobi_and_sjd_from_the_cli(teacher, plugin, tmp_path):
     """The tiny Lumina-mGPT and Anole (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow,
     then a report."""

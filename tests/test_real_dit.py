@@ -92,6 +92,7 @@ FAST = {"ddim": ["steps=8"],
         **{m: ["steps=8", "n_traj=8", "train_steps=2", "batch=4"] for m in ("kd", "step-distill", "ard")}}
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_official_dit_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path):
     """`tiny-official-dit` (tests/plugins.py): the official-layout loader on tiny random-weight files, through every
     method of the ODE-diffusion family by the CLI into MLflow (samples decoded by the VAE), then into a report."""

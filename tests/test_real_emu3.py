@@ -136,6 +136,7 @@ def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected(teacher, m
     assert sjd_p(teacher) < 1e-3
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_emu3_loader_runs_every_method_of_its_family_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-emu3` (tests/plugins.py) through `ar`, `jacobi` and `sjd` by the CLI into MLflow, then a report; the
     methods that read a codebook are refused in one line, and so are metrics that need real images."""

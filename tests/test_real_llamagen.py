@@ -109,6 +109,7 @@ AR_FAST = {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"], "scd": ["windo
            "onestep*": ["n_pairs=16"], "skip-n": ["n_pairs=16", "skip=4"]}
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_llamagen_loader_runs_every_image_method_of_its_family_from_the_cli(plugin, tmp_path):
     """`tiny-llamagen` (tests/plugins.py): the LlamaGen loader on tiny random-weight files (GPT under "model", VQ
     decoder), through every image method of the AR-token family by the CLI into MLflow, then into a report."""

@@ -126,6 +126,7 @@ def test_sjd_whose_ragged_cache_forgets_the_caption_padding_is_detected(monkeypa
     assert max(rows_p(tiny_llamagen_t2i_teacher(TinyLlamaGenT2I4), CONDS, n=150)) < 1e-3
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_t2i_loader_runs_ar_jacobi_and_sjd_from_the_cli(plugin, tmp_path):
     """`tiny-llamagen-t2i` (tests/plugins.py) through `ar`, `jacobi` and `sjd` at batch 2 by the CLI into MLflow,
     then a report."""

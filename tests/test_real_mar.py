@@ -178,6 +178,7 @@ def test_full_size_key_sets_equal_the_official_ones(model):
                    if not k.startswith(("encoder.", "quant_conv."))}
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_mar_loader_runs_mar_and_cspd_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-mar-official` (tests/plugins.py: the loader on tiny files in the official format) by `mar` and by `cspd` in
     its three modes into MLflow and a report; the missing files of `mar-h` are one line."""

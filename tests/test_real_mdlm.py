@@ -75,6 +75,7 @@ def test_missing_mdlm_owt_files_are_one_line(tmp_path, capsys):
     assert f"missing {tmp_path}/gpt2-large/config.json" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_sdtt_papers_setting_runs_from_the_cli_on_tiny_files_in_the_official_formats(tmp_path):
     """The registered `mdlm-owt` and `hf:gpt2` teachers on tiny random files in the release formats
     (tests/fakes.py `write_sdtt_checkpoints`): `mdlm`, `sdtt` (one short round, GPT-2's AR arm), GPT-2 by `ar` and
@@ -139,6 +140,7 @@ def test_sdtts_prompted_protocol_in_paints_the_prompts_and_scores_per_prompt(tmp
     assert key == "self_bleu.bleu4-per-prompt-n2.webtext-prompted" and value == pytest.approx(sum(expected) / 2)
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_prompted_protocol_runs_from_the_cli(tmp_path):
     from mlflow.tracking import MlflowClient
 

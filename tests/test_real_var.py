@@ -81,6 +81,7 @@ def test_full_size_key_sets_equal_the_official_ones(depth):
                   if not k.startswith(("encoder.", "quant_conv."))}
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_var_loader_runs_its_sampler_from_the_cli(plugin, tmp_path, capsys):
     """`tiny-var` (tests/plugins.py) by `ar` (the next-scale sampler, CFG ramp), `skip-scales`, `dd` (2 steps) and
     `onestep*` into MLflow and a report; the missing files of `var-d30` are one line."""

@@ -44,8 +44,8 @@ def log_trial(client, exp_id, method, seed, knobs, ms, ref_ms, nfe, fid=None, re
 
 
 @pytest.fixture()
-def store(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def store(fresh_store):
+    uri = fresh_store
     client = MlflowClient(uri)
     exp = client.create_experiment("paper")
     # SJD W=16 over three seeds, with FID on both arms.
@@ -73,6 +73,7 @@ def row(text, first_cell):
     return next(line for line in text.splitlines() if line.startswith(f"| {first_cell} |"))
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_a_noisy_wall_speed_up_is_flagged_and_the_flops_speed_up_shown(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
@@ -177,6 +178,7 @@ def test_an_unknown_experiment_lists_the_ones_the_store_has(store, tmp_path, cap
     assert "no MLflow experiment 'accelbench'" in err and "it has: paper" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_headline_has_a_row_per_paper_method_at_its_defaults(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
@@ -194,6 +196,7 @@ def test_the_headline_has_a_row_per_paper_method_at_its_defaults(tmp_path):
                    "| FID ↓ (digits-cnn) | 2.50 ± 0.71 | 2.50 ± 0.00 |")
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_a_paper_suites_numbers_stand_beside_the_measured_ones(tmp_path):
     """A run carrying the paper's numbers (tags `paper.*`, from a paper suite) gets "paper" and Δ columns beside the
     measured NFE and FID; a row without paper numbers shows "—", and so does the teacher row."""
@@ -220,6 +223,7 @@ def test_a_paper_suites_numbers_stand_beside_the_measured_ones(tmp_path):
     assert teacher[fid + 1: fid + 3] == ["—", "—"]
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_one_trial_against_two_paper_rows_is_two_rows_and_a_note_is_its_rows_footnote(tmp_path):
     """SJD's Anole C and D are one trial (the release's ISP draws at random there) against two paper rows: the table
     has a row for each with its own paper numbers, and D's `paper.note` is its footnote under the table."""
@@ -275,6 +279,7 @@ def drawn(monkeypatch):
     return figures
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_the_quality_plot_judges_by_the_headline_metric_and_shows_every_arm(tmp_path, drawn):
     """SDTT on an MDLM logs entropy (higher is better) beside gen-PPL, the headline metric: on an entropy axis the
     student would look better than its teacher, which the tables say it is not. The extra arms (the teacher at the

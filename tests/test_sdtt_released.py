@@ -153,6 +153,7 @@ def test_a_mismatched_or_missing_student_is_one_line(tmp_path, monkeypatch):
     assert str(err.value) == lines[0]
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_released_students_run_from_the_cli_without_training(tmp_path, capsys):
     """Tiny files in the official formats (`write_sdtt_checkpoints`, `write_sdtt_student`): the round-2 tvd student and
     the round-1 kld student in the released draw (every arm's: the run's `draw` and `ref.draw`), into MLflow and a

@@ -1,4 +1,5 @@
 """`accelbench suite`: validated up front, resumable by trial key, ends with a report."""
+import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -31,6 +32,7 @@ def finished(tmp_path):
     return client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_suite_runs_what_is_missing_then_reports(tiny_recipe, tmp_path, cache_dir, capsys):
     path = write(tmp_path, SUITE)
     assert run(tmp_path, cache_dir, path) == 0
@@ -68,6 +70,7 @@ def test_every_shipped_suite_and_study_spec_validates():
         assert load_spec(str(path), checkpoints=NO_CHECKPOINTS).objectives, path
 
 
+@pytest.mark.usefixtures("fresh_store")  # a copy of the migrated store at tmp_path/mlflow.db
 def test_a_suite_draws_its_shared_reference_arm_once(plugin, tmp_path, monkeypatch):
     """Three trials on one teacher under the same reference settings, timed under the latency protocol at batch 2:
     `ar` (teacher-only: its one arm is the reference draws, drawn once), then `sjd` at two windows, which read those

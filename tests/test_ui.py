@@ -37,10 +37,10 @@ def trial(tracker, method, teacher, quality):
 
 
 @pytest.fixture()
-def runs(tmp_path):
+def runs(fresh_store):
     """A store of three trials, newest last: two on one image teacher (FID the headline, KID not), one on a text
     teacher (gen-PPL the headline, MAUVE not)."""
-    store = f"sqlite:///{tmp_path}/mlflow.db"
+    store = fresh_store
     tracker = Tracker(store, "accelbench")
     return store, [trial(tracker, "sjd", "digits-ar-t2i", ["fid.digits-cnn", "kid.digits-cnn"]),
                    trial(tracker, "jacobi", "digits-ar-t2i", ["fid.digits-cnn"]),
