@@ -88,7 +88,7 @@ class TableAR:
             del row[n:]
 
     def select(self, state, rows):
-        state.rows = [state.rows[i] for i in rows.tolist()]
+        state.rows = [list(state.rows[i]) for i in rows.tolist()]  # a row kept twice is two rows (SJD-PAC's paths)
 
     def decode(self, tokens):
         return tokens.float().view(len(tokens), 1, *self.grid) / max(1, self.vocab_size - 1)

@@ -92,7 +92,8 @@ class ARTokenTeacher(Protocol):
     def extend(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor: ...  # (B, L) -> (B, L, V)
     # Keep the first `length` generated tokens: an int for every row, or (B,) per row in a ragged state.
     def rollback(self, state: DecodeState, length: int | torch.Tensor) -> None: ...
-    # A ragged state only: keep these rows (B',), in this order (finished sequences leave the batch).
+    # Keep these rows (B',), in this order: finished sequences leave a ragged state's batch, and a row may be kept
+    # more than once (SJD-PAC verifies each path of its draft tree as a row of one pass, `methods.sjd_pac`).
     def select(self, state: DecodeState, rows: torch.Tensor) -> None: ...
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | list[str]: ...
     # Image teachers also have `codebook` (V, D), the code vectors behind the ids (DD flows into them), and

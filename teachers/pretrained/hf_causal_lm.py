@@ -81,6 +81,11 @@ class HFCausalLMTeacher:
         if length < state.length:
             state.cache.crop(length - state.length)  # a negative count removes that many positions
 
+    def select(self, state: HFState, rows: torch.Tensor) -> None:
+        """Keep these rows (B',) in this order; a row may be kept more than once (SJD-PAC verifies each path of its
+        draft tree as a row). Every row keeps the state's one length."""
+        state.cache.batch_select_indices(rows)
+
     def decode(self, tokens: torch.Tensor) -> Texts:
         """The generated continuations (without their prompts), special tokens dropped; their ids ride along."""
         tokens = tokens.cpu()

@@ -157,6 +157,13 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
             state.cache.crop(length - state.length)  # a negative count removes that many positions
         state.mask = state.mask[:, : state.prompt_len + length]
 
+    def select(self, state: PromptedState, rows: torch.Tensor) -> None:
+        """Keep these rows (B',) in this order, each with its unconditional twin; a row may be kept more than once
+        (SJD-PAC verifies each path of its draft tree as a row). Every row keeps the state's one length."""
+        both = torch.cat([rows, rows + state.batch]) if state.cfg != 1.0 else rows
+        state.cache.batch_select_indices(both)
+        state.mask, state.batch = state.mask[both], len(rows)
+
     def _forward(self, state: PromptedState, ids: torch.Tensor) -> torch.Tensor:  # (R, L) -> (R, L, V) float32
         # positions as transformers' `generate` counts them: from each row's first unmasked token
         positions = (state.mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
