@@ -3,7 +3,8 @@
     python benchmarks/lossless_audit.py [--draws 20000] [--seed 0]
 
 The table model (`tests/fakes.py` TableAR: every prefix its own random next-token law, CFG 1.5) has 81 sequences of
-4 tokens over 3 codes, or 216 of 3 over 6 for the lossy rules (whose groups and neighbourhoods need more codes). Each
+4 tokens over 3 codes, 216 of 3 over 6 for the lossy rules (whose groups and neighbourhoods need more codes), or 64 of
+6 binary tokens for SJD-PAC's components (a tree and a main path after it need a window of 5). Each
 method draws `--draws` sequences; the table gives the chi-square p-value against the exact law (rare sequences
 pooled, `tests/test_sjd.py`), and the total-variation distance of the empirical law from the exact one beside SJD's at
 the same draws, the noise floor of that estimate (SJD is exact: its TV is sampling error alone). A lossy setting's
@@ -33,6 +34,9 @@ EXACT = [  # (label, method, knobs) on the 3-code table
     ("scd gumbel released", "scd", {"window": 3, "ar_tail": 2, "mode": "released"}),
     ("scd maximal exact", "scd", {"window": 4, "init": "repeat-left", "coupling": "maximal", "mode": "exact"}),
     ("scd maximal released", "scd", {"window": 4, "init": "repeat-left", "coupling": "maximal"}),
+    ("sjd-pac drafting exact", "sjd-pac", {"window": 4, "tree_width": 2, "tree_depth": 2, "continuation": False,
+                                          "mode": "exact"}),
+    ("sjd-pac drafting released", "sjd-pac", {"window": 4, "tree_width": 2, "tree_depth": 2, "continuation": False}),
 ]
 LOSSY = [  # on the 6-code table: the defaults, then the relaxation knob
     ("gsd defaults", "gsd", {"window": 3}),
@@ -43,6 +47,12 @@ LOSSY = [  # on the 6-code table: the defaults, then the relaxation knob
       for d in (0.05, 0.1, 0.2, 0.4)),
     *((f"lantern++ k=3 lambda={lam}", "sjd", {"window": 3, "verify": "lantern", "lantern_k": 3,
                                               "lantern_lambda": lam}) for lam in (2.0, 5.0)),
+]
+PAC = [  # on six binary tokens, where a window of 5 leaves a main path after the tree for continuation to act on
+    *((f"sjd-pac {part} {mode}", "sjd-pac", {"window": 5, **knobs, "mode": mode})
+      for part, knobs in (("drafting", {"tree_width": 2, "tree_depth": 2, "continuation": False}),
+                          ("continuation", {"tree_width": 1, "tree_depth": 1}),
+                          ("both", {"tree_width": 2, "tree_depth": 2})) for mode in ("exact", "released")),
 ]
 
 
@@ -69,7 +79,7 @@ def main() -> None:
     print(f"{args.draws} draws per row, seed {args.seed}\n")
     print("| table | method | chi-square p | TV from the exact law | SJD's TV (noise floor) | s |")
     print("|---|---|---:|---:|---:|---:|")
-    for codes, length, rows in ((3, 4, EXACT), (6, 3, LOSSY)):
+    for codes, length, rows in ((3, 4, EXACT), (6, 3, LOSSY), (2, 6, PAC)):
         teacher = TableAR(vocab=codes, seq_len=length, grid=(length,))
         _, floor, _ = audit(teacher, "sjd", {"window": 3}, args.draws, args.seed + 1)
         for label, name, knobs in rows:

@@ -31,6 +31,9 @@ METHODS_AT_16 = [  # (label, method, knobs)
     ("scd maximal exact", "scd", {"coupling": "maximal", "mode": "exact"}),
     ("gsd", "gsd", {}),
     ("sjd verify=lantern", "sjd", {"verify": "lantern"}),
+    # K = 3, D = 3 (13 tree nodes) is the widest three-level tree a window of 16 holds (the paper's K = 4 needs 21)
+    ("sjd-pac K=3 D=3 released", "sjd-pac", {"tree_width": 3, "tree_depth": 3}),
+    ("sjd-pac K=3 D=3 exact", "sjd-pac", {"tree_width": 3, "tree_depth": 3, "mode": "exact"}),
 ]
 
 

@@ -191,8 +191,8 @@ def test_the_lossless_audit_runs_and_certifies_or_refutes_each_row():
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "lossless_audit.py"), "--draws", "150"],
                           capture_output=True, text=True, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| 3^4", "| 6^3"))]
-    assert len(rows) == 17
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| 3^4", "| 6^3", "| 2^6"))]
+    assert len(rows) == 25
     released = next(r for r in rows if r[1] == "scd gumbel released")
     assert float(released[2]) < ALPHA
 
@@ -212,5 +212,6 @@ def test_the_side_by_side_benchmark_runs_on_a_tiny_teacher():
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "x |" in line]
     assert [r[0].strip("| ") for r in rows] == ["sjd", "scd gumbel exact", "scd maximal exact", "gsd",
-                                                "sjd verify=lantern"]
+                                                "sjd verify=lantern", "sjd-pac K=3 D=3 released",
+                                                "sjd-pac K=3 D=3 exact"]
     assert all(float(r[2].rstrip("x")) > 1 for r in rows)
