@@ -186,6 +186,10 @@ def test_scd_exact_through_the_transformers_cache_matches_its_exact_distribution
     assert sjd_p(lumina, method="scd", coupling=coupling, mode="exact") > 1e-3
 
 
+def test_sjd_pac_exact_through_the_transformers_cache_matches_its_exact_distribution(lumina):
+    assert sjd_p(lumina, method="sjd-pac", init="random", tree_width=2, tree_depth=2, mode="exact") > 1e-3
+
+
 @pytest.mark.parametrize("method, knobs", [("gsd", {}), ("sjd", {"verify": "lantern"})])
 def test_the_relaxed_verifiers_run_on_lumina_with_its_input_embedding(lumina, method, knobs):
     """Chameleon's ids map to VQ codes through a table: GSD and LANTERN relate them by the input embedding."""

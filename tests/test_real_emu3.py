@@ -131,6 +131,11 @@ def test_scd_exact_on_emu3_matches_its_exact_distribution(teacher):
     assert sjd_p(teacher, method="scd", mode="exact") > 1e-3
 
 
+def test_sjd_pac_exact_on_emu3_matches_its_exact_distribution(teacher):
+    """Its tree's paths as rows of the DynamicCache (`batch_select_indices`), each with its CFG twin."""
+    assert sjd_p(teacher, method="sjd-pac", init="random", tree_width=2, tree_depth=2, mode="exact") > 1e-3
+
+
 def test_sjd_on_emu3_whose_rollback_keeps_stale_positions_is_detected(teacher, monkeypatch):
     monkeypatch.setattr(teacher, "rollback", lambda state, length: None)
     assert sjd_p(teacher) < 1e-3
