@@ -18,7 +18,7 @@ def cmd_report(args) -> int:
     from reports.report import write_report
 
     path = write_report(tracking_uri(args.tracking_uri), args.experiment, options.report_dir(args, args.experiment),
-                        args.filter or "")
+                        args.filter or "", args.tolerance)
     print(f"report: {path}")
     return 0
 
@@ -210,6 +210,8 @@ def register(sub) -> None:
     options.store(rp, experiment=True)
     rp.add_argument("--filter", help="extra MLflow search filter, e.g. \"params.teacher = 'digits-ar-t2i'\"")
     rp.add_argument("--out", help="report directory (default results/<experiment>)")
+    rp.add_argument("--tolerance", type=float, help="LEADERBOARD.md: the quality drift (the headline metric's units) "
+                    "within which settings rank by wall speed-up (default: twice the teacher arm's std over seeds)")
     rp.set_defaults(func=cmd_report)
 
     dr = sub.add_parser("doctor", help="mark RUNNING runs whose process is gone KILLED; clean the cache of what "

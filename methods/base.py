@@ -7,6 +7,7 @@ a sampling setting (`core.config.build_config` refuses the config class).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +46,14 @@ class Method:
     # What the method reads of its teacher beyond the family protocol (e.g. an image AR teacher's `codebook`); a
     # teacher without one is refused at construction, in one line.
     needs: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def lossless(cls, knobs: Mapping[str, str]) -> str | None:
+        """The verdict on this setting's sample law against its teacher's, as a leaderboard prints it (knobs as a
+        run logs them, strings): "certified: <the exactness test>", "not lossless: <the measured distance>" (a
+        method claiming to be lossless and refuted), "lossy: <the measured distance>" (lossy by design), or None
+        where no test measured it."""
+        return None
 
     @classmethod
     def config_class(cls, family: Family) -> type:
@@ -133,6 +142,14 @@ class Method:
 class TeacherSampler(Method):
     """The teacher's own sampler (its family's), under a config that is the family's `SamplingConfig` itself: every
     trial's reference arm, and a method of its own under the family's sampler name (`methods.teacher_samplers`)."""
+
+    @classmethod
+    def lossless(cls, knobs: Mapping[str, str]) -> str | None:
+        """The verdict on this setting's sample law against its teacher's, as a leaderboard prints it (knobs as a
+        run logs them, strings): "certified: <the exactness test>", "not lossless: <the measured distance>" (a
+        method claiming to be lossless and refuted), "lossy: <the measured distance>" (lossy by design), or None
+        where no test measured it."""
+        return None
 
     @classmethod
     def config_class(cls, family: Family) -> type:

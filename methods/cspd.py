@@ -86,6 +86,12 @@ class CSpD(Method):
     window_knob = "gamma"
 
     @classmethod
+    def lossless(cls, knobs):
+        if knobs.get("mode") == "exact":
+            return "certified: tests/test_cspd.py, tests/test_cspd_math.py"
+        return "not lossless: KS p < 1e-6, tests/test_cspd.py (a continuous law: no TV)"
+
+    @classmethod
     def config_class(cls, family) -> type:
         return MaskedCSpDConfig if family is masked_ar.FAMILY else CSpDConfig
 

@@ -27,3 +27,7 @@ class Jacobi(SJD):
     Config = JacobiConfig
     key_knobs = ("window", "greedy")
     rule = staticmethod(exact_match_rule)
+
+    @classmethod
+    def lossless(cls, knobs):
+        return "certified: tests/test_sjd.py (sampling; greedy: token for token)"

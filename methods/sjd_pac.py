@@ -362,6 +362,13 @@ class SJDPAC(SJD):
     key_knobs = ("window", "tree_width", "tree_depth", "continuation", "mode")
 
     @classmethod
+    def lossless(cls, knobs):
+        if knobs.get("mode") == "exact":
+            return "certified: tests/test_sjd_pac.py"
+        # benchmarks/lossless_audit.py: 20,000 draws, the table model, drafting alone (docs/guide/lossless.md)
+        return "not lossless: TV 0.26, p 0"
+
+    @classmethod
     def passes(cls, config: SJDPACConfig, family, length: int) -> dict[str, Passes]:
         return {"method": Passes({"window": length}, at_most=True)}
 

@@ -1,5 +1,5 @@
-"""PNG plots from MLflow trial runs: quality vs wall time with the Pareto front, acceptance vs window, and acceptance by
-draft position.
+"""PNG plots from MLflow trial runs: quality vs wall time with the Pareto front, acceptance vs window, acceptance by
+draft position, and each teacher's leaderboard (speed-up against quality drift).
 
 Pure functions of the runs (see `reports.tables.TrialRun`); one figure per teacher. PNG metadata carries no
 software version or date, so the same store gives the same files.
@@ -14,7 +14,7 @@ from typing import NamedTuple
 import matplotlib
 
 from core.acceptance import rates
-from core.names import SEC_PER_SAMPLE
+from core.names import SEC_PER_SAMPLE, SPEEDUP_WALL
 from core.registry import METHODS
 from reports.tables import TrialRun, extra_arms, headline_quality, natural, shown_knobs
 
@@ -114,6 +114,38 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
         ax.set_title(f"{teacher}: quality vs wall time, batch {size}")
         ax.legend(fontsize=7)
     return _save(fig, out, f"quality_vs_time_{teacher}.png")
+
+
+def speedup_vs_drift(runs: list[TrialRun], teacher: str, out: Path, tolerance: float | None = None) -> Path | None:
+    """The leaderboard as a picture (`reports.leaderboard`): each setting's wall speed-up against its quality drift
+    from the teacher arm, mean ± std over seeds, labelled; the Pareto frontier (no other setting both faster and
+    drifting less) dashed, the tolerance a vertical line."""
+    from reports.leaderboard import default_tolerance, entries
+
+    items, quality = entries(runs)
+    items = [e for e in items if e.drift]
+    if not quality or not items:
+        return None
+    tol = default_tolerance(runs, quality) if tolerance is None else tolerance
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    points = []
+    for i, e in enumerate(items):
+        walls = [r.metrics[SPEEDUP_WALL] for r in e.runs]
+        x, y = statistics.fmean(e.drift), statistics.fmean(walls)
+        points.append((x, y))
+        ax.errorbar([x], [y], xerr=[_spread(e.drift)], yerr=[_spread(walls)], capsize=2, lw=0.8,
+                    fmt=MARKERS[i // 10 % len(MARKERS)])
+        ax.annotate(" ".join([e.method, e.knobs if e.knobs != "—" else ""]).strip(), (x, y), fontsize=6,
+                    xytext=(3, 3), textcoords="offset points")
+    front = pareto_front(points, higher_is_better=True)  # drift the lower the better, speed-up the higher
+    ax.plot([x for x, _ in front], [y for _, y in front], "k--", lw=1, label="Pareto frontier")
+    ax.axvline(tol, color="grey", lw=0.8, ls=":", label=f"tolerance {tol:.3g}")
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel(f"drift of {quality[0]} from the teacher arm (positive: worse)")
+    ax.set_ylabel("wall speed-up (× the teacher arm)")
+    ax.set_title(f"{teacher}: speed-up against quality drift")
+    ax.legend(fontsize=7)
+    return _save(fig, out, f"leaderboard_{teacher}.png")
 
 
 def _window_knob(method: str) -> str | None:
