@@ -97,6 +97,22 @@ class ArmCost:
     seconds: float | None  # all of the arm's samples, None when a kind has no measured cost
     unpriced: tuple[str, ...]
     priced_at: tuple[tuple[int, int], ...]  # (batch size, the measured batch size its samples were priced at)
+    basis: str = ""  # how a speculative arm's data-dependent passes were set (`stated_passes`), empty otherwise
+
+
+def stated_passes(passes: Passes, paper: dict, ref: Passes) -> tuple[Passes, str]:
+    """A speculative arm's passes at the acceptance its paper row states: the row's NFE per sample, or the reference
+    arm's passes over the row's step compression (`speedup_steps`); the bound (`Passes.at_most`, one window per
+    token) where the row states neither. Returns the passes and what they rest on, for the dry run to say."""
+    if not passes.at_most or len(passes.counts) != 1:
+        return passes, ""
+    (kind, bound), source = next(iter(passes.counts.items())), paper.get("source", "the paper row")
+    if nfe := paper.get("nfe"):
+        return Passes({kind: min(bound, nfe)}), f"at the NFE {nfe:g} of {source}"
+    if (ratio := paper.get("speedup_steps")) and ref.counts:
+        return (Passes({kind: min(bound, sum(ref.counts.values()) / ratio)}),
+                f"at the step compression {ratio:g}x of {source}")
+    return passes, "at the bound (the row states no step compression or NFE)"
 
 
 @dataclass(frozen=True)
@@ -139,6 +155,8 @@ def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = Latenc
     reference = "method" if alone else "ref"
     out, devices = [], set()
     for arm, passes in arms.items():
+        passes, basis = stated_passes(passes, p.paper or {}, arms.get("ref", Passes())) if arm == "method" else (
+            passes, "")
         seconds, unpriced, at = 0.0, set(), []
         for n, batch in timed if read and arm == reference else work:
             found = cost.at(batch)
@@ -151,7 +169,7 @@ def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = Latenc
             priced = {k: c for k, c in passes.counts.items() if k in entry.seconds or k in FREE_KINDS}
             unpriced |= set(passes.counts) - set(priced)
             seconds += n * sum(c * entry.seconds.get(k, 0.0) for k, c in priced.items())
-        out.append(ArmCost(arm, passes, None if unpriced else seconds, tuple(sorted(unpriced)), tuple(at)))
+        out.append(ArmCost(arm, passes, None if unpriced else seconds, tuple(sorted(unpriced)), tuple(at), basis))
     data = None
     if generated := p.method_cls.generates(p.config, family, cost.length):
         what, n, passes = generated
@@ -216,7 +234,8 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
             lines.append(f"  reference draws: trial {first}'s, read from the cache (timed here, not drawn)")
         for a in () if p.tasks else est.arms:
             upper = [f"batch {b} at batch {m}'s" for b, m in a.priced_at if m != b]
-            lines.append(f"  {a.arm:<10} {_passes_text(a.passes)} per sample: {_hours(a.seconds)}"
+            lines.append(f"  {a.arm:<10} {_passes_text(a.passes)} per sample{f' ({a.basis})' if a.basis else ''}: "
+                         f"{_hours(a.seconds)}"
                          + (f" (no measured cost of {', '.join(a.unpriced)})" if a.unpriced else "")
                          + (f" ({', '.join(upper)} per-sample cost, the largest measured below: an upper bound)"
                             if upper and not a.unpriced else ""))
@@ -251,5 +270,5 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
               "  A cost is seconds per pass of one sample, measured at full size at a batch size (random weights: "
               "the cost does not depend on them), times passes times samples; an arm is priced at its own batch size, "
               "or at the largest measured batch below it (an upper bound: batching lowers the cost per sample), and "
-              "speculative arms at their bound."]
+              "a speculative arm at the NFE or step compression its paper row states, at its bound where none."]
     return "\n".join(lines)

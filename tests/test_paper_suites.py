@@ -1,4 +1,5 @@
 """Paper suites (suites/papers/): the papers' numbers as data, validated; a dry run plans each offline."""
+import re
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,28 @@ def test_the_dry_run_prices_passes_with_the_measured_costs(tmp_path, capsys):
             f"the largest measured below: an upper bound)") in out
     assert f"estimated: {per_arm:.3g} device-hours on cpu" in out and "ref   " not in out
     assert f"MISSING  {tmp_path}/var_d16.pth" in out and f"{measured.device} ({measured.command})" in out
+
+
+def test_a_speculative_arm_is_priced_at_the_acceptance_its_paper_row_states(capsys):
+    """SJD on Emu3-Gen (sjd-fig10-tables1-5.yaml): the row states NFE 3523, so the method arm is 3523 windows per
+    sample at the measured window cost, below the AR arm's 8193 steps by that ratio; a row with the step compression
+    only (sjdpac-table1.yaml's SJD on Emu3, 2.32x) is priced at the AR arm's passes over it; a row with neither at the
+    bound, one window per token."""
+    from bench.dryrun import stated_passes
+    from methods.base import Passes
+
+    assert main(["suite", str(ROOT / "suites" / "papers" / "sjd-fig10-tables1-5.yaml"), "--dry-run",
+                 "--device-kind", "cpu"]) == 0
+    trial = capsys.readouterr().out.split("trial 1/")[1].split("trial 2/")[0]
+    ref, method = (float(re.search(rf"  {arm} +\d+ \w+ per sample.*: ([\d.e+]+) device-hours", trial).group(1))
+                   for arm in ("ref", "method"))
+    cost = costs()["cpu"]["emu3-gen"].batches[1].seconds
+    assert "3523 window per sample (at the NFE 3523 of SJD App. B Fig. 10" in trial
+    assert method / ref == pytest.approx(3523 * cost["window"] / (8193 * cost["step"]), rel=0.01) and method < ref
+    bound, ar = Passes({"window": 8193}, at_most=True), Passes({"step": 8193})
+    assert stated_passes(bound, {"speedup_steps": 2.32, "source": "S"}, ar) == (
+        Passes({"window": 8193 / 2.32}), "at the step compression 2.32x of S")
+    assert stated_passes(bound, {}, ar) == (bound, "at the bound (the row states no step compression or NFE)")
 
 
 def test_a_dry_run_of_a_teacher_without_measured_costs_lists_it_unpriced(capsys):
