@@ -171,13 +171,15 @@ def ard_table1():
 @pytest.mark.parametrize("rows, n", [("teacher", 1), ("students", 9)])
 def test_ard_table1_gflops_rows_are_reproduced_on_the_meta_device(ard_table1, rows, n):
     """ARD Table 1's GFLOPs (a DiT-XL/2 forward is 118.6 GMACs, twice with CFG; ARD's history attention adds the
-    rest), every row of the suite within 1 % and its NFE equal to the Steps column; DiT-XL/2 675M parameters."""
+    rest, 0.4 % of a student's count and more: ARD N = 6 M1 2 steps 238.1 against Step Distill.'s 237.2, so a count
+    without it fails the test's 0.1 %), every row of the suite within 0.1 %
+    (measured: -0.07 % to +0.02 %) and its NFE equal to the Steps column; DiT-XL/2 675M parameters."""
     checked = 0
     for p in ard_table1:
         if (p.trial.method == "ddim") != (rows == "teacher"):
             continue
         a = cost.count(p, cache=None)["method"]
-        assert a.macs / 1e9 == pytest.approx(p.paper["gflops"], rel=0.01), p.paper["source"]
+        assert a.macs / 1e9 == pytest.approx(p.paper["gflops"], rel=0.001), p.paper["source"]
         assert a.nfe == p.paper["nfe"]
         checked += 1
         if p.trial.method == "ddim":
