@@ -46,7 +46,7 @@ def test_settings_within_the_tolerance_rank_by_wall_speed_up_and_the_others_foll
     assert "Tolerance on the drift: 0.4: 2 × the teacher arm's std over seeds" in text
     rows = {line.split("|")[2].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "certified: tests/test_sjd.py" in rows["sjd"] and rows["gsd"].rstrip(" |").endswith(
-        "lossy: TV 0.019 at its defaults (noise floor 0.017), 0.03-0.22 as the group widens")
+        "lossy: TV 0.03-0.22 as its group widens (at its defaults 6 codes form no group: exact)")
     assert "| 32.0 ± 0.0 | 2.00× ± 0.00 | 2.00× ± 0.00 |  | 3.00 ± 0.20 | 3.00 ± 0.20 | 0.00 ± 0.00 |" in rows["sjd"]
     assert (tmp_path / "r" / "leaderboard_digits-ar-t2i.png").stat().st_size > 0
     assert "## Leaderboards (LEADERBOARD.md)" in (tmp_path / "r" / "REPORT.md").read_text()
