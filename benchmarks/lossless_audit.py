@@ -4,7 +4,9 @@
 
 The table model (`tests/fakes.py` TableAR: every prefix its own random next-token law, CFG 1.5) has 81 sequences of
 4 tokens over 3 codes, 216 of 3 over 6 for the lossy rules (whose groups and neighbourhoods need more codes), or 64 of
-6 binary tokens for SJD-PAC's components (a tree and a main path after it need a window of 5). Each
+6 binary tokens for SJD-PAC's components (a tree and a main path after it need a window of 5); ZipAR's rows run on
+the untrained GPT of `tests/fakes.py` over 3 rows of 2 binary tokens (64 images), their floor ZipAR at a window of the
+row length, which is AR decoding. Each
 method draws `--draws` sequences; the table gives the chi-square p-value against the exact law (rare sequences
 pooled, `tests/test_sjd.py`), and the total-variation distance of the empirical law from the exact one beside SJD's at
 the same draws, the noise floor of that estimate (SJD is exact: its TV is sampling error alone). A lossy setting's
@@ -25,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the table mod
 
 from core.config import build_config  # noqa: E402
 from core.registry import METHODS  # noqa: E402
-from tests.fakes import TableAR  # noqa: E402
-from tests.test_sjd import COND, POOL, pooled  # noqa: E402
+from tests.fakes import TableAR, tiny_gpt_teacher  # noqa: E402
+from tests.test_sjd import COND, POOL, exact_law, pooled  # noqa: E402
 
 EXACT = [  # (label, method, knobs) on the 3-code table
     ("sjd", "sjd", {"window": 3}),
@@ -56,13 +58,23 @@ PAC = [  # on six binary tokens, where a window of 5 leaves a main path after th
 ]
 
 
+ZIPAR = [  # on the untrained GPT over 3 rows of 2 binary tokens at temperature 4 (its laws are near one-hot at 1)
+    ("zipar window 2 (the row: AR)", "zipar", {"window": 2, "temperature": 4.0}),
+    ("zipar window 1", "zipar", {"window": 1, "temperature": 4.0}),
+]
+GPT_COND = torch.tensor([[7, 7]])
+
+
 def audit(teacher, name: str, knobs: dict, draws: int, seed: int) -> tuple[float, float, float]:
     """(chi-square p, TV of the empirical law from the exact one, seconds)."""
     cls = METHODS.get(name)
     method = cls(teacher, build_config(cls.Config, {"cfg": 1.5, **knobs}, owner=name))
-    exact = teacher.exact_distribution(method.config.sampling)
+    table = isinstance(teacher, TableAR)
+    cond = COND if table else GPT_COND
+    exact = (teacher.exact_distribution(method.config.sampling) if table
+             else exact_law(teacher, cond, method.config.sampling))
     g, t0 = torch.Generator().manual_seed(seed), time.perf_counter()
-    counts = Counter(tuple(method.sample(COND, generator=g).data[0].tolist()) for _ in range(draws))
+    counts = Counter(tuple(method.sample(cond, generator=g).data[0].tolist()) for _ in range(draws))
     seconds = time.perf_counter() - t0
     tv = 0.5 * sum(abs(counts[k] / draws - exact.get(k, 0.0)) for k in set(exact) | set(counts))
     if any(exact.get(k, 0.0) == 0.0 for k in counts):
@@ -79,12 +91,14 @@ def main() -> None:
     print(f"{args.draws} draws per row, seed {args.seed}\n")
     print("| table | method | chi-square p | TV from the exact law | SJD's TV (noise floor) | s |")
     print("|---|---|---:|---:|---:|---:|")
-    for codes, length, rows in ((3, 4, EXACT), (6, 3, LOSSY), (2, 6, PAC)):
-        teacher = TableAR(vocab=codes, seq_len=length, grid=(length,))
-        _, floor, _ = audit(teacher, "sjd", {"window": 3}, args.draws, args.seed + 1)
+    tables = [(f"{codes}^{length}", TableAR(vocab=codes, seq_len=length, grid=(length,)), rows,
+               ("sjd", {"window": 3})) for codes, length, rows in ((3, 4, EXACT), (6, 3, LOSSY), (2, 6, PAC))]
+    tables.append(("2^(3x2) GPT", tiny_gpt_teacher(vocab=2, grid=(3, 2)), ZIPAR, ZIPAR[0][1:]))
+    for label_t, teacher, rows, exact in tables:
+        _, floor, _ = audit(teacher, *exact, args.draws, args.seed + 1)
         for label, name, knobs in rows:
             p, tv, seconds = audit(teacher, name, knobs, args.draws, args.seed)
-            print(f"| {codes}^{length} | {label} | {p:.3g} | {tv:.4f} | {floor:.4f} | {seconds:.0f} |", flush=True)
+            print(f"| {label_t} | {label} | {p:.3g} | {tv:.4f} | {floor:.4f} | {seconds:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def test_vq16_key_set_is_the_official_one_less_what_decoding_never_reads(vq_fixt
 
 
 AR_FAST = {"ar": [], "jacobi": ["window=4"], "sjd": ["window=4"], "scd": ["window=4", "mode=exact"],
-           "gsd": ["window=4"], "sjd-pac": ["window=4", "tree_width=2", "tree_depth=2"],
+           "gsd": ["window=4"], "sjd-pac": ["window=4", "tree_width=2", "tree_depth=2"], "zipar": ["window=2"],
            "dd": ["n_pairs=16", "train_steps=2", "batch=4", "solver_steps=2"],
            "onestep*": ["n_pairs=16"], "skip-n": ["n_pairs=16", "skip=4"]}
 

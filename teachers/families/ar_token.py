@@ -126,6 +126,14 @@ class GuidedNetworkTeacher:
     def select(self, state, rows: torch.Tensor) -> None:
         state.select(rows)
 
+    def extend_at(self, state, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`extend` of a ragged state with each input at its own token position (B, L) (0-based after the condition)
+        instead of after the row's last: the inputs attend to every cached slot before their own, filled or not
+        (`RaggedKVCache.place`; ZipAR's next-set decoding, `methods.zipar`). (B, L) -> (B, L, V)."""
+        slots = state.cond_len + positions
+        state.cache.place(torch.cat([slots, slots]) if state.cfg != 1.0 else slots)
+        return self.extend(state, tokens)
+
 
 def draft_vocabulary(teacher) -> torch.Tensor | None:
     """The ids (K,) a teacher's random drafts are drawn from (its `draft_tokens`), None for its whole vocabulary; a

@@ -107,9 +107,24 @@ class RaggedKVCache(KVCache):
     def __init__(self, cfg: GPTConfig, batch: int, device, dtype):
         super().__init__(cfg, batch, device, dtype)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.at: torch.Tensor | None = None  # `place`: the slots of the next inputs, (B, L)
+
+    def place(self, slots: torch.Tensor) -> None:
+        """The next inputs go to these absolute slots (B, L), wherever the rows' lengths are: ZipAR (`methods.zipar`)
+        writes each row of the image at its own raster position. A query reads every slot at or before its own,
+        written or not; an unwritten slot holds zeros, as a static cache does (LlamaGen's `KVCache`)."""
+        self.at = slots
 
     def _slots(self, L: int) -> torch.Tensor:
+        if self.at is not None:
+            return self.at
         return self.length[:, None] + torch.arange(L, device=self.k.device)  # (B, L), past the context for padding
+
+    def advance(self, L: int) -> None:
+        if self.at is None:
+            return super().advance(L)
+        self.length = torch.maximum(self.length, self.at.max(1).values + 1)
+        self.at = None
 
     def positions(self, L: int) -> torch.Tensor:
         return self._slots(L).clamp(max=self.k.shape[3] - 1 - self.scratch)  # (B, L)
