@@ -86,6 +86,38 @@ def test_the_script_writes_the_reports_headline_between_the_markers_and_nothing_
     assert "no line <!-- headline:begin --> followed by" in capsys.readouterr().err
 
 
+def test_the_field_block_is_each_teachers_leaderboard_and_names_the_field_suites_settings(tmp_path, fresh_store):
+    """`--field` writes the first rows of each teacher's LEADERBOARD.md table between the field markers, leaving the
+    headline alone; the README's own field block lists only settings suites/field.yaml runs."""
+    client = MlflowClient(fresh_store)
+    exp = client.create_experiment("field")
+    for method, ms, fid in (("sjd", 20.0, 2.5), ("jacobi", 10.0, 9.0)):
+        for seed in (0, 1):
+            log_trial(client, exp, method, seed, SJD_KNOBS if method == "sjd" else {"window": 16, "greedy": False},
+                      ms=ms, ref_ms=40.0, nfe=30.0, fid=fid + seed * 0.1, ref_fid=2.5 + seed * 0.1)
+    readme = tmp_path / "README.md"
+    text = (f"{readme_headline.BEGIN}\nheadline\n{readme_headline.END}\n"
+            f"{readme_headline.FIELD_BEGIN}\n{readme_headline.FIELD_END}\n")
+    readme.write_text(text)
+    assert readme_headline.main(["--field", "--tracking-uri", fresh_store, "--experiment", "field", "--readme",
+                                 str(readme)]) == 0
+    out = readme.read_text()
+    assert out.startswith(f"{readme_headline.BEGIN}\nheadline\n{readme_headline.END}\n")
+    field = out.split(readme_headline.FIELD_BEGIN + "\n")[1].split(readme_headline.FIELD_END)[0]
+    assert "From `accelbench suite suites/field.yaml`: 4 runs" in " ".join(field.splitlines())
+    ranks = [(row[0], row[1]) for row in table(field.splitlines())[2:]]
+    assert ranks == [("1", "sjd"), ("—", "jacobi")]  # the faster Jacobi drifts 6.5 FID: beyond the tolerance
+    # the README's block: every row a setting of the field suite
+    suite = load_suite(str(readme_headline.FIELD_SUITE), checkpoints=ROOT / "checkpoints")
+    methods = {p.trial.method for p in suite.plans}
+    shown = (ROOT / "README.md").read_text().split(readme_headline.FIELD_BEGIN + "\n")[1].split(
+        readme_headline.FIELD_END)[0]
+    rows = table(shown.splitlines())
+    assert all(row[1] in methods for row in rows if row[0] not in ("rank", "---")), (
+        "the README's field block has a row of a method the field suite does not run: run "
+        ".venv/bin/python scripts/readme_headline.py --field on its store")
+
+
 def _fenced(text: str) -> list[str]:
     return [line for block in re.findall(r"```bash\n(.*?)```", text, re.S) for line in block.splitlines()]
 
