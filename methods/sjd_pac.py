@@ -113,8 +113,7 @@ def layout(c: SJDPACConfig, L: int) -> _Window:
     T = min(c.tree_depth, L) - 1
     while T > 0 and tree_nodes(c.tree_width, T + 1) > L:
         T -= 1
-    K = c.tree_width if T > 0 else 1
-    return _Window(K, T, L - (tree_nodes(K, T + 1) - (T + 1)))
+    return layout_with(c, T, L)
 
 
 @torch.inference_mode()
