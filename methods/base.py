@@ -144,14 +144,6 @@ class TeacherSampler(Method):
     trial's reference arm, and a method of its own under the family's sampler name (`methods.teacher_samplers`)."""
 
     @classmethod
-    def lossless(cls, knobs: Mapping[str, str]) -> str | None:
-        """The verdict on this setting's sample law against its teacher's, as a leaderboard prints it (knobs as a
-        run logs them, strings): "certified: <the exactness test>", "not lossless: <the measured distance>" (a
-        method claiming to be lossless and refuted), "lossy: <the measured distance>" (lossy by design), or None
-        where no test measured it."""
-        return None
-
-    @classmethod
     def config_class(cls, family: Family) -> type:
         return family.SamplingConfig
 

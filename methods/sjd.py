@@ -96,6 +96,15 @@ def exact_match_rule(P, drafts, qs, S, n_valid, generator):
     return n_ok, S.gather(1, n_ok[:, None]).squeeze(1)
 
 
+def random_tokens(n: int, vocab: int, pool: torch.Tensor | None, generator, device) -> torch.Tensor:
+    """n fresh random drafts (n,): uniform over `pool` (a teacher's `draft_tokens`), or over the whole vocabulary when
+    it is None."""
+    if pool is None:
+        return torch.randint(vocab, (n,), generator=generator, device=device)
+    pool = pool.to(device)
+    return pool[torch.randint(len(pool), (n,), generator=generator, device=device)]
+
+
 class _Drafter:
     """Fills new draft slots; fresh drafts carry a one-hot draft distribution, which keeps SJD exact for any rule.
     Random drafts are uniform over `draft` (the teacher's `draft_tokens`: SJD's release draws Chameleon's 8192 image
@@ -116,11 +125,8 @@ class _Drafter:
         fresh = offset < width[:, None]  # (M, J)
         rows = torch.arange(len(seq), device=seq.device)[:, None].expand_as(cols)
         r, pos = rows[fresh], cols[fresh]
-        if self.scheme == "random" and self.draft is None:
-            seq[r, pos] = torch.randint(self.vocab, (len(r),), generator=self.generator, device=seq.device)
-        elif self.scheme == "random":
-            draft = self.draft.to(seq.device)
-            seq[r, pos] = draft[torch.randint(len(draft), (len(r),), generator=self.generator, device=seq.device)]
+        if self.scheme == "random":
+            seq[r, pos] = random_tokens(len(r), self.vocab, self.draft, self.generator, seq.device)
         elif self.scheme == "repeat-left":  # every new draft repeats its left neighbour: the last known token
             seq[r, pos] = seq[r, start[r] - 1]
         else:  # the source may be a slot filled in this same call, so go left to right

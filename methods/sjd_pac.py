@@ -47,7 +47,7 @@ from core.acceptance import count_prefix
 from core.errors import UserError
 from core.samples import Samples
 from methods.base import Passes
-from methods.sjd import SJD, SJDConfig, batch_refusal
+from methods.sjd import SJD, SJDConfig, batch_refusal, random_tokens
 from methods.verify import residual
 from teachers.families import ar_token
 from teachers.families.ar_token import draw, process
@@ -162,10 +162,7 @@ def pac_decode(teacher, cond: torch.Tensor, c: SJDPACConfig, generator):
         for m, w in enumerate(wins):  # fresh drafts where the main path reaches past the drafts
             lo, hi = n_out[m] + 1 + n_drafts[m], n_out[m] + w.main
             if hi > lo:
-                seq[m, lo:hi] = (pool.to(device)[torch.randint(len(pool), (hi - lo,), generator=generator,
-                                                               device=device)]
-                                 if pool is not None else torch.randint(V, (hi - lo,), generator=generator,
-                                                                        device=device))
+                seq[m, lo:hi] = random_tokens(hi - lo, V, pool, generator, device)
                 dists[m, lo:hi] = fresh_q
                 alts[m, lo:hi] = -1
             n_drafts[m] = w.main - 1

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 from core.errors import UserError
 from core.names import NFE_PER_SAMPLE, SPEEDUP_FLOPS, SPEEDUP_STEPS, SPEEDUP_WALL
 from core.registry import METHODS
+from reports.plots import speedup_vs_drift
 from reports.tables import NOISY, TrialRun, _fmt, _header, headline_quality, natural, shown_knobs
 
 TOLERANCE_SIGMAS = 2.0  # the default tolerance, in standard deviations of the teacher arm's headline metric
@@ -100,8 +103,18 @@ def ranked(items: list[Entry], tolerance: float) -> list[Entry]:
     return sorted(items, key=lambda e: (not within(e, tolerance), -e.wall))
 
 
-def leaderboard(runs: list[TrialRun], tolerance: float | None = None) -> tuple[list[str], list[Entry], float]:
-    """One teacher's leaderboard: markdown lines, the ranked settings and the tolerance used."""
+class Board(NamedTuple):
+    """One teacher's leaderboard: its markdown table, the ranked settings, the tolerance used and the headline
+    quality (metric key, higher is better) the drift is measured in."""
+
+    lines: list[str]
+    order: list[Entry]
+    tolerance: float
+    quality: tuple[str, bool] | None
+
+
+def leaderboard(runs: list[TrialRun], tolerance: float | None = None) -> Board:
+    """One teacher's leaderboard, the tolerance given or its default (`default_tolerance`)."""
     items, quality = entries(runs)
     tol = default_tolerance(runs, quality) if tolerance is None else tolerance
     order = ranked(items, tol)
@@ -126,7 +139,7 @@ def leaderboard(runs: list[TrialRun], tolerance: float | None = None) -> tuple[l
         else:
             cells += ["", "", ""]
         lines.append("| " + " | ".join(cells + [e.lossless]) + " |")
-    return lines, order, tol
+    return Board(lines, order, tol, quality)
 
 
 def paper_block(runs: list[TrialRun]) -> list[str]:
@@ -146,20 +159,31 @@ def paper_block(runs: list[TrialRun]) -> list[str]:
     return lines
 
 
-def leaderboard_markdown(runs: list[TrialRun], title: str, tolerance: float | None = None) -> str:
-    """LEADERBOARD.md: a section per teacher (its table, the tolerance and how it was set, the papers' block)."""
-    out = [f"# {title}", "",
-           "One table per teacher: every setting run on it, ranked by wall speed-up among those whose headline "
-           "quality drifted from the teacher arm by no more than the tolerance (rank —: beyond it, or unmeasured), "
-           "each speed-up against the teacher arm of the same runs. Drift is method arm − teacher arm per seed, "
-           "signed so that positive is worse, mean ± std over seeds. Lossless: certified by the named exactness test, "
-           "refuted or lossy with the distance measured (docs/guide/lossless.md), or unchecked.", ""]
+INTRO = ("One table per teacher: every setting run on it, ranked by wall speed-up among those whose headline "
+         "quality drifted from the teacher arm by no more than the tolerance (rank —: beyond it, or unmeasured), each "
+         "speed-up against the teacher arm of the same runs. Drift is method arm − teacher arm per seed, signed so "
+         "that positive is worse, mean ± std over seeds. Lossless: certified by the named exactness test, refuted or "
+         "lossy with the distance measured (docs/guide/lossless.md), or unchecked.")
+
+
+def leaderboard_sections(runs: list[TrialRun], tolerance: float | None = None, out: Path | None = None) -> list[str]:
+    """A section per teacher ("## <teacher>"): the tolerance and how it was set, the table, the papers' block and,
+    with `out`, the speed-up vs drift plot drawn there (`reports.plots.speedup_vs_drift`)."""
+    lines = []
     for teacher in sorted({r.teacher for r in runs}):
         mine = [r for r in runs if r.teacher == teacher]
-        lines, _, tol = leaderboard(mine, tolerance)
+        board = leaderboard(mine, tolerance)
         how = (f"{tolerance:g}, as given" if tolerance is not None
-               else f"{tol:.3g}: {TOLERANCE_SIGMAS:g} × the teacher arm's std over seeds")
-        out += [f"## {teacher}", "", f"Tolerance on the drift: {how}.", "", *lines, ""]
+               else f"{board.tolerance:.3g}: {TOLERANCE_SIGMAS:g} × the teacher arm's std over seeds")
+        lines += [f"## {teacher}", "", f"Tolerance on the drift: {how}.", "", *board.lines, ""]
         if block := paper_block(mine):
-            out += ["The papers' own numbers for these settings, from their GPUs (not measured here):", "", *block, ""]
-    return "\n".join(out)
+            lines += ["The papers' own numbers for these settings, from their GPUs (not measured here):", "", *block,
+                      ""]
+        if out is not None and (plot := speedup_vs_drift(board.order, board.quality, board.tolerance, teacher, out)):
+            lines += [f"![{plot.stem}]({plot.name})", ""]
+    return lines
+
+
+def leaderboard_markdown(sections: list[str], title: str) -> str:
+    """LEADERBOARD.md from `leaderboard_sections`."""
+    return "\n".join([f"# {title}", "", INTRO, "", *sections])

@@ -116,17 +116,14 @@ def quality_vs_time(runs: list[TrialRun], teacher: str, out: Path) -> Path | Non
     return _save(fig, out, f"quality_vs_time_{teacher}.png")
 
 
-def speedup_vs_drift(runs: list[TrialRun], teacher: str, out: Path, tolerance: float | None = None) -> Path | None:
-    """The leaderboard as a picture (`reports.leaderboard`): each setting's wall speed-up against its quality drift
-    from the teacher arm, mean ± std over seeds, labelled; the Pareto frontier (no other setting both faster and
-    drifting less) dashed, the tolerance a vertical line."""
-    from reports.leaderboard import default_tolerance, entries
-
-    items, quality = entries(runs)
+def speedup_vs_drift(items, quality: tuple[str, bool] | None, tolerance: float, teacher: str,
+                     out: Path) -> Path | None:
+    """One teacher's leaderboard as a picture (`reports.leaderboard.Board`'s settings, `items`): each setting's wall
+    speed-up against its quality drift from the teacher arm, mean ± std over seeds, labelled; the Pareto frontier (no
+    other setting both faster and drifting less) dashed, the tolerance a vertical line. None without a drift."""
     items = [e for e in items if e.drift]
     if not quality or not items:
         return None
-    tol = default_tolerance(runs, quality) if tolerance is None else tolerance
     fig, ax = plt.subplots(figsize=(7, 4.5))
     points = []
     for i, e in enumerate(items):
@@ -139,7 +136,7 @@ def speedup_vs_drift(runs: list[TrialRun], teacher: str, out: Path, tolerance: f
                     xytext=(3, 3), textcoords="offset points")
     front = pareto_front(points, higher_is_better=True)  # drift the lower the better, speed-up the higher
     ax.plot([x for x, _ in front], [y for _, y in front], "k--", lw=1, label="Pareto frontier")
-    ax.axvline(tol, color="grey", lw=0.8, ls=":", label=f"tolerance {tol:.3g}")
+    ax.axvline(tolerance, color="grey", lw=0.8, ls=":", label=f"tolerance {tolerance:.3g}")
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel(f"drift of {quality[0]} from the teacher arm (positive: worse)")
     ax.set_ylabel("wall speed-up (× the teacher arm)")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.names import COST, KIND_TAG, LAMBADA, STUDY, TRIAL
-from reports.leaderboard import leaderboard_markdown
-from reports.plots import (acceptance_by_position, acceptance_vs_window, quality_vs_time, speedup_vs_drift,
-                           study_history, study_importances)
+from reports.leaderboard import leaderboard_markdown, leaderboard_sections
+from reports.plots import (acceptance_by_position, acceptance_vs_window, quality_vs_time, study_history,
+                           study_importances)
 from reports.tables import TrialRun, build_markdown, report_order
 
 
@@ -93,21 +93,19 @@ def write_report(uri: str, experiment: str, out: Path, filter_string: str = "", 
     its default) and their plots into `out`."""
     runs = load_runs(uri, experiment, filter_string)
     out.mkdir(parents=True, exist_ok=True)
-    images, boards = [], []
+    images = []
     for teacher in sorted({r.teacher for r in runs}):
         mine = [r for r in runs if r.teacher == teacher]
         images += [p for p in (quality_vs_time(mine, teacher, out), acceptance_vs_window(mine, teacher, out),
                                acceptance_by_position(mine, teacher, out)) if p]
-        boards += [p for p in [speedup_vs_drift(mine, teacher, out, tolerance)] if p]
-    board = leaderboard_markdown(report_order(runs), f"AccelBench leaderboard: {experiment}", tolerance)
-    if boards:
-        board += "\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in boards)
-    (out / "LEADERBOARD.md").write_text(board)
+    sections = leaderboard_sections(report_order(runs), tolerance, out)
+    (out / "LEADERBOARD.md").write_text(leaderboard_markdown(sections, f"AccelBench leaderboard: {experiment}"))
     for name, params in _studies(uri, experiment):
         images += study_plots(name, params, runs, out)
     text = build_markdown(runs, f"AccelBench report: {experiment}", load_runs(uri, experiment, filter_string, LAMBADA))
-    if runs:  # every report carries the leaderboards, under their own heading levels
-        text += "\n## Leaderboards (LEADERBOARD.md)\n\n" + board.split("\n", 2)[2].replace("\n## ", "\n### ")
+    if runs:  # every report carries the leaderboards, each teacher's a level below
+        text += "\n## Leaderboards (LEADERBOARD.md)\n\n" + "\n".join(
+            "#" + line if line.startswith("## ") else line for line in sections)
     if images:
         text += "\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n" for p in images)
     path = out / "REPORT.md"

@@ -63,9 +63,9 @@ def field_block(runs: list[TrialRun]) -> list[str]:
         raise UserError("no finished trial runs: is this the store of accelbench suite suites/field.yaml?")
     out = statement(runs, "accelbench suite suites/field.yaml", f"the first {FIELD_TOP} rows of each table")
     for teacher in sorted({r.teacher for r in runs}):
-        lines, _, tol = leaderboard(report_order([r for r in runs if r.teacher == teacher]))
-        out += ["", f"{teacher} (drift tolerance {tol:.3g}, twice the teacher arm's FID spread over seeds):", "",
-                *lines[: 2 + FIELD_TOP]]
+        board = leaderboard(report_order([r for r in runs if r.teacher == teacher]))
+        out += ["", f"{teacher} (drift tolerance {board.tolerance:.3g}, twice the teacher arm's spread over seeds):",
+                "", *board.lines[: 2 + FIELD_TOP]]
     return out
 
 
