@@ -43,7 +43,7 @@ from core.errors import UserError
 from core.latency import Latency, LatencyProtocol, measure
 from core.names import COST, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE
 from core.paper import paper_tags
-from bench.dryrun import FREE_KINDS, costs, device_kind
+from bench.dryrun import FREE_KINDS, costs, device_kind, teacher_length
 from bench.plan import Plan, run_name
 from methods.base import TeacherSampler
 from teachers import load_teacher
@@ -147,12 +147,6 @@ def build(p: Plan, device: torch.device, *, cache) -> tuple[Any, dict[str, Any]]
     return teacher, {"ref": TeacherSampler(teacher, p.sampling), "method": method}
 
 
-def _length(teacher) -> int:
-    """The positions the teacher's sampler steps over, as `Method.passes` reads them: a multi-scale teacher's scales,
-    else its tokens (0 for an image diffusion teacher, whose passes are its steps)."""
-    return len(teacher.patch_nums) if hasattr(teacher, "patch_nums") else getattr(teacher, "seq_len", 0)
-
-
 def _random_teachers() -> list[str]:
     from core.registry import TEACHERS
 
@@ -181,7 +175,7 @@ def count_arms(p: Plan, teacher, arms: dict[str, Any], device: torch.device, how
     elsewhere it is counted as it ran (a speculative arm: on that sample's acceptance)."""
     networks = precision.networks(teacher, *arms.values())
     cond = teacher.conditions(1, torch.Generator().manual_seed(REFERENCE_SEED)).to(device)
-    length, meta = _length(teacher), device.type == "meta"
+    length, meta = teacher_length(teacher), device.type == "meta"
     out: dict[str, ArmCost] = {}
     for name, arm in arms.items():
         # counted once per process (a `ddim` row's method arm is its reference arm: a teacher's sampler under its
@@ -234,7 +228,8 @@ def time_arms(p: Plan, protocol: LatencyProtocol, *, cache) -> dict[str, ArmCost
     cond = teacher.conditions(t.latency_batch or 1, torch.Generator().manual_seed(t.seed)).to(p.device)
     with precision.tf32(p.device, t.tf32), precision.compiled(t.compile, *arms.values()), torch.inference_mode():
         times = time_calls(arms, cond, t, protocol, p.device)
-    return {name: ArmCost(name, None, None, {}, "timed", latency, _length(teacher)) for name, latency in times.items()}
+    length = teacher_length(teacher)
+    return {name: ArmCost(name, None, None, {}, "timed", latency, length) for name, latency in times.items()}
 
 
 def time_calls(arms: dict[str, Any], cond: torch.Tensor, t, protocol: LatencyProtocol,

@@ -100,6 +100,30 @@ class ArmCost:
     basis: str = ""  # how a speculative arm's data-dependent passes were set (`stated_passes`), empty otherwise
 
 
+def teacher_length(teacher) -> int:
+    """The positions the teacher's sampler steps over, as `Method.passes` reads them: a multi-scale teacher's scales,
+    else its tokens (0 for an image diffusion teacher, whose passes are its steps)."""
+    return len(teacher.patch_nums) if hasattr(teacher, "patch_nums") else getattr(teacher, "seq_len", 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _built_length(teacher_cls: type, name: str) -> int:
+    import torch
+
+    return teacher_length(teacher_cls.random(name, torch.device("meta")))
+
+
+def positions(p: Plan, folder: Path = COSTS) -> int | None:
+    """The positions the trial's teacher steps over, for a device kind without its costs: as any kind's cost table
+    records them (they do not depend on the device), else from its full-size random build on the meta device (no
+    weights, no file read); None for a teacher with neither."""
+    name = p.trial.teacher
+    found = next((by_teacher[name].length for by_teacher in costs(folder).values() if name in by_teacher), None)
+    if found is None and getattr(p.teacher_cls, "random", None) is not None:
+        found = _built_length(p.teacher_cls, name)
+    return found
+
+
 def stated_passes(passes: Passes, paper: dict, ref: Passes) -> tuple[Passes, str]:
     """A speculative arm's passes at the acceptance its paper row states: the row's NFE per sample, or the reference
     arm's passes over the row's step compression (`speedup_steps`); the bound (`Passes.at_most`, one window per
@@ -145,18 +169,22 @@ def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = Latenc
     timed = [((protocol.warmup + protocol.min_count) * at, at)] if at else []
     work = [(samples, t.batch_size), *timed]
     cost = costs(folder).get(kind, {}).get(t.teacher)
-    if cost is None:
+    length = cost.length if cost is not None else positions(p, folder)
+    if length is None:
         return TrialCost(p, samples, (), None)
     family = p.teacher_cls.family
     # a teacher-only trial draws once (`bench.runner`): its reference arm is its method arm's draws
     alone = issubclass(p.method_cls, TeacherSampler)
-    arms = {**({} if alone else {"ref": TeacherSampler.passes(p.sampling, family, cost.length)["method"]}),
-            **p.method_cls.passes(p.config, family, cost.length)}
+    arms = {**({} if alone else {"ref": TeacherSampler.passes(p.sampling, family, length)["method"]}),
+            **p.method_cls.passes(p.config, family, length)}
     reference = "method" if alone else "ref"
     out, devices = [], set()
     for arm, passes in arms.items():
         passes, basis = stated_passes(passes, p.paper or {}, arms.get("ref", Passes())) if arm == "method" else (
             passes, "")
+        if cost is None:  # the plan without its price: no pass of this teacher was measured on this kind
+            out.append(ArmCost(arm, passes, None, (f"{t.teacher} on {kind}",), (), basis))
+            continue
         seconds, unpriced, at = 0.0, set(), []
         for n, batch in timed if read and arm == reference else work:
             found = cost.at(batch)
@@ -171,6 +199,8 @@ def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = Latenc
             seconds += n * sum(c * entry.seconds.get(k, 0.0) for k, c in priced.items())
         out.append(ArmCost(arm, passes, None if unpriced else seconds, tuple(sorted(unpriced)), tuple(at), basis))
     data = None
+    if cost is None:
+        return TrialCost(p, samples, tuple(out), None)
     if generated := p.method_cls.generates(p.config, family, cost.length):
         what, n, passes = generated
         found = cost.at(t.batch_size)  # drawn at the trial's batch size, as the samplers are
@@ -228,8 +258,9 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         if p.tasks:  # scored, not sampled: its passes depend on the documents' choices, known only from the data
             lines.append("  passes and cost: not planned (lm-eval scores the model's log-likelihoods; nothing is "
                          "sampled)")
-        elif est.cost is None and kind in known:
-            lines.append(f"  passes and cost: not planned (no measured cost for teacher {t.teacher} on {kind})")
+        elif not est.arms:
+            lines.append(f"  passes and cost: not planned (teacher {t.teacher}'s length is in no cost table and it "
+                         f"has no random build to read it from)")
         if read:
             lines.append(f"  reference draws: trial {first}'s, read from the cache (timed here, not drawn)")
         for a in () if p.tasks else est.arms:

@@ -26,8 +26,8 @@ class Passes:
     priced by a measured cost (`bench/costs.yaml`): "step" (one step of the teacher's sampler), "window" (a speculative
     window), "full" (one pass over every position: a one-step student), "head_chain" (a diffusion head's chain for
     one token), "draft_step" / "draft_head_chain" (a draft model's), "student_step" (a distilled student's step),
-    "ar_token" (a companion causal LM's token), "lookup" (a table read, free). `at_most`: a bound (speculative
-    decoding's data-dependent count)."""
+    "refiner_step" (CoDe's refiner's step: a smaller model), "ar_token" (a companion causal LM's token), "lookup" (a
+    table read, free). `at_most`: a bound (speculative decoding's data-dependent count)."""
 
     counts: dict[str, float] = field(default_factory=dict)
     at_most: bool = False

@@ -813,6 +813,46 @@ def tiny_var_teacher(device="cpu"):
     return TinyVAR.load("tiny-var", cache=None, device=torch.device(device))
 
 
+class TinyCoDeDrafter(VARd16):
+    """The VAR loader on the CoDe fixture's drafter (`tests/fixtures/code/MAKING.md`: CoDe's own classes on tiny
+    random weights, its files as the release writes them); `tiny-code-drafter` in tests/plugins.py."""
+
+    depth_width_heads = (2, 64, 2)
+    vae_file = "vae_tiny.pth"
+
+    @classmethod
+    def config(cls):
+        from teachers.networks.var import VARConfig
+
+        depth, width, heads = cls.depth_width_heads
+        return VARConfig(depth=depth, num_classes=10, vocab_size=64, Cvae=8, patch_nums=(1, 2, 3, 4),
+                         embed_dim=width, num_heads=heads)
+
+    @classmethod
+    def vq_config(cls):
+        from teachers.networks.msvq import MSVQConfig
+
+        return MSVQConfig(vocab_size=64, Cvae=8, ch=32, ch_mult=(1,), num_res_blocks=0, patch_nums=(1, 2, 3, 4))
+
+    @classmethod
+    def root(cls):
+        return FIXTURES / "code"
+
+    @classmethod
+    def local_files(cls):
+        return "var_tiny.pth", cls.vae_file
+
+
+class TinyCoDeRefiner(TinyCoDeDrafter):
+    """The CoDe fixture's refiner: one block 32 wide, the drafter's VQ-VAE; `tiny-code-refiner`."""
+
+    depth_width_heads = (1, 32, 2)
+
+    @classmethod
+    def local_files(cls):
+        return "var_tiny_small.pth", cls.vae_file
+
+
 class CharTokenizer:
     """Ids 0..V-2 are the letters a, b, c, ...; id V-1 is EOS, decoded as a newline."""
 

@@ -1,5 +1,5 @@
 """Registry plugin for tests that start worker processes: instant teachers over the enumerable table model, and the
-official DiT, LlamaGen, Emu3, Lumina-mGPT, Anole, VAR and MAR loaders on tiny files.
+official DiT, LlamaGen, Emu3, Lumina-mGPT, Anole, VAR (and CoDe's pair) and MAR loaders on tiny files.
 
 Loaded with ACCELBENCH_PLUGINS=tests.plugins, so subprocesses see the same entries as the test.
 """
@@ -20,6 +20,8 @@ TEACHERS.register("tiny-emu3", TinyEmu3)
 TEACHERS.register("tiny-lumina", TinyLumina)
 TEACHERS.register("tiny-anole", TinyAnole)
 TEACHERS.register("tiny-var", TinyVAR)
+TEACHERS.register("tiny-code-drafter", "tests.fakes:TinyCoDeDrafter")
+TEACHERS.register("tiny-code-refiner", "tests.fakes:TinyCoDeRefiner")
 TEACHERS.register("tiny-mar-official", TinyOfficialMAR)
 TEACHERS.register("tiny-llamagen-t2i", "tests.fakes_llamagen_t2i:TinyLlamaGenT2I")
 

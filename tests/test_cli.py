@@ -7,7 +7,6 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import cli
-from core.cache import Cache
 from core.registry import METHODS
 from methods.teacher_samplers import ARSampler
 from teachers.families import masked_diffusion
@@ -18,17 +17,6 @@ from tests.fakes import listed_entries
 def store(fresh_store):
     """A new MLflow store at tmp_path/mlflow.db, a copy of the session's migrated one (conftest)."""
     return fresh_store
-
-
-@pytest.fixture()
-def new_cache(tmp_path, cache, classifier):
-    """A new cache folder holding only the digits classifier that FID and KID read, trained once for the session: a
-    trial here trains its teacher, as in a new cache, but not the classifier again (~4 s of CPU each)."""
-    folder = tmp_path / "cache"
-    entry = Cache(folder).path("extractors", classifier.info["key"])
-    entry.parent.mkdir(parents=True)
-    shutil.copyfile(cache.path("extractors", classifier.info["key"]), entry)
-    return folder
 
 
 def run_cli(store, cache_dir, *args):

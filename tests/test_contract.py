@@ -32,13 +32,14 @@ FAKES = {ar_token.FAMILY: [TableAR, tiny_gpt_teacher, tiny_text_gpt_teacher, tin
          masked_diffusion.FAMILY: [tiny_mdlm_teacher, tiny_mdlm_owt_teacher],
          multiscale_vq.FAMILY: [tiny_var_teacher],
          masked_ar.FAMILY: [LinearGaussianMasked, tiny_masked_mar_teacher, tiny_official_mar_teacher]}
-NFE_KINDS = ("step", "window", "full", "student_step", "lookup")  # the passes a method's NFE counter counts
+NFE_KINDS = ("step", "window", "full", "student_step", "refiner_step", "lookup")  # what NFE counters count
 SEQUENCE_FAMILIES = (ar_token.FAMILY, masked_diffusion.FAMILY, multiscale_vq.FAMILY)  # samples are (B, N) token ids
 # Knobs that make a distillation method's `fit` take seconds on a fake teacher (defaults are for real teachers).
 FAST_FIT = {"dd": {"n_pairs": 64, "train_steps": 5, "batch": 8, "solver_steps": 2},
             "onestep*": {"n_pairs": 64}, "skip-n": {"n_pairs": 64},
             **{m: {"steps": 8, "n_traj": 16, "train_steps": 2, "batch": 4} for m in ("ard", "step-distill", "kd")},
-            "sdtt": {"steps": 8, "rounds": 1, "iters_per_round": 2, "batch": 4, "ar_arm": False}}
+            "sdtt": {"steps": 8, "rounds": 1, "iters_per_round": 2, "batch": 4, "ar_arm": False},
+            "code": {"draft_steps": 2}}  # (the release's 8 of VAR's 10 scales; the fakes have 4)
 
 
 @pytest.mark.parametrize("name", TEACHERS.names())

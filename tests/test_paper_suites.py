@@ -77,7 +77,8 @@ def test_a_speculative_arm_is_priced_at_the_acceptance_its_paper_row_states(caps
 def test_a_dry_run_of_a_teacher_without_measured_costs_lists_it_unpriced(capsys):
     assert main(["run", "--teacher", "digits-ar-c2i", "--method", "sjd", "--dry-run", "--device-kind", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "not planned (no measured cost for teacher digits-ar-c2i on cpu)" in out and "1 runs not priced" in out
+    assert ("not planned (teacher digits-ar-c2i's length is in no cost table and it has no random build to read it "
+            "from)") in out and "1 runs not priced" in out
 
 
 def test_a_dry_run_for_a_device_kind_without_costs_says_so_in_one_line(capsys):
@@ -87,6 +88,9 @@ def test_a_dry_run_for_a_device_kind_without_costs_says_so_in_one_line(capsys):
     said = [line for line in out.splitlines() if "nvidia-a100-sxm4-80gb" in line and "no measured costs" in line]
     assert len(said) == 1 and "kinds with costs: cpu" in said[0] and "--record" in said[0]
     assert "device-hours estimated" in out and "0 device-hours" in out and "21 runs not priced" in out
+    # the passes plan stays: the positions are the cost tables' (or the random build's), whatever the device
+    trial = out.split("trial 1/")[1].split("trial 2/")[0]
+    assert "  method     10 step per sample: not priced (no measured cost of var-d16 on nvidia-a100-sxm4-80gb)" in trial
 
 
 def test_the_dry_run_of_dd_table1_draws_each_reference_once(capsys):
@@ -143,8 +147,8 @@ def test_suite_overrides_set_a_knob_in_every_trial_that_has_it(tmp_path, capsys)
 # The paper suites' teachers, each replaced by its loader on tiny random-weight files in the official format (the
 # same classes with tiny configurations, tests/fakes.py); MDLM-OWT and the GPT-2 evaluators read the tiny files
 # `write_sdtt_checkpoints` puts in the checkpoints folder under their official names.
-TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24"), "TinyVAR"),
-        **dict.fromkeys(("llamagen-b-256", "llamagen-l-256"), "TinyLlamaGen"),
+TINY = {**dict.fromkeys(("var-d16", "var-d20", "var-d24", "var-d30"), "TinyVAR"),
+        **dict.fromkeys(("llamagen-b-256", "llamagen-l-256", "llamagen-b-384"), "TinyLlamaGen"),
         **dict.fromkeys(("mar-h", "mar-l"), "TinyOfficialMAR"),
         "dit-xl-2-256": "TinyOfficialDiT", "emu3-gen": "TinyEmu3", "lumina-mgpt-7b-768": "TinyLumina",
         "anole-7b": "TinyAnole", **dict.fromkeys(("llamagen-t2i-xl-256", "llamagen-t2i-xl-512"), "TinyLlamaGenT2I")}
@@ -181,7 +185,7 @@ def tiny_trials(suite: dict) -> list[dict]:
             p["history_layers"] = min(p["history_layers"], TINY_DIT_DEPTH)
         if n := TINY_LENGTH.get(TINY.get(teacher)):
             p.update({k: min(p[k], n) for k in ("t2", "split", "num_iter") if k in p})
-            p.update({k: min(p[k], p.get("t2", n) - 1, n - 1) for k in ("ts", "skip") if k in p})
+            p.update({k: min(p[k], p.get("t2", n) - 1, n - 1) for k in ("ts", "skip", "draft_steps") if k in p})
         if n := TINY_STEPS.get(teacher):
             p.update({k: min(p[k], n) for k in ("steps", "student_steps") if k in p})
         kept.append({**trial, "params": p})
@@ -248,6 +252,10 @@ def write_paper_files(folder: Path, suite: dict) -> None:
             for i in range(4):  # photos of their own sizes, as COCO's
                 Image.fromarray(rng.integers(0, 256, (12 + i, 16, 3), dtype=np.uint8)).save(
                     folder / reference[0] / f"{i:012d}.jpg")
+        if trial.get("params", {}).get("released") and trial.get("method") == "code":  # CoDe's pair: VAR files
+            for role in ("drafter", "refiner"):
+                shutil.copyfile(tiny_class(TINY[teacher]).files()[0],
+                                folder / f"{role}_{trial['params']['draft_steps']}.pth")
         student = trial.get("params", {}).get("student")
         if student and not (folder / student).exists():
             if trial.get("method") == "sdtt":

@@ -9,7 +9,8 @@ from teachers.data.text import TextDataRecipe
 from teachers.tiny import image_masked_mar
 from teachers.tiny.image_mar import ModelSize
 from teachers.tiny.registered import (DigitsARClass, DigitsARText, DigitsDiTClass, DigitsMARClass, DigitsMaskedMARClass,
-                               DigitsVARClass, FashionARClass, FashionARText, WordNetGPT, WordNetMDLM)
+                               DigitsVARClass, DigitsVARClassSmall, FashionARClass, FashionARText, WordNetGPT,
+                               WordNetMDLM)
 
 
 def recipes() -> dict[type, object]:
@@ -22,6 +23,7 @@ def recipes() -> dict[type, object]:
                                                     draft=masked)
     out[DigitsVARClass] = dataclasses.replace(DigitsVARClass.recipe, codebook_size=32, kmeans_rounds=2, depth=1,
                                               width=32, heads=2, steps=20, batch_size=16)
+    out[DigitsVARClassSmall] = dataclasses.replace(out[DigitsVARClass], width=16)  # the same codes (k-means recipe)
     out[DigitsDiTClass] = dataclasses.replace(DigitsDiTClass.recipe, steps=10, batch_size=8, hidden=16, depth=2,
                                               heads=2)
     data = TextDataRecipe(vocab_size=300, seq_len=16)

@@ -60,6 +60,14 @@ class DigitsVARClass(ImageVARTeacher):
     recipe = ImageVARRecipe()
 
 
+class DigitsVARClassSmall(ImageVARTeacher):
+    """digits-var-c2i's small sibling: the same data, scales and tokenizer (its k-means codebook is fitted with the same
+    recipe and seed, so the codes are the same), a transformer of 2 blocks 64 wide. CoDe's refiner on the tiny
+    teacher, as VAR-d16 refines VAR-d30's drafts (docs/methods/code.md)."""
+
+    recipe = dataclasses.replace(ImageVARRecipe(), depth=2, width=64, heads=2)
+
+
 class DigitsDiTClass(ImageDiTTeacher):
     """Class-conditional DiT (adaLN-Zero, 16 tokens of 4x4 patches) on digits pixels (16x16), DDIM sampler."""
 
