@@ -41,7 +41,7 @@ from core.config import read_yaml_mapping
 from core.envinfo import cpu_model, environment_tags
 from core.errors import UserError
 from core.latency import Latency, LatencyProtocol, measure
-from core.names import COST, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE
+from core.names import COST, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SKIPPED_TAG
 from core.paper import paper_tags
 from bench.dryrun import FREE_KINDS, costs, device_kind, teacher_length
 from bench.plan import Plan, run_name
@@ -304,7 +304,9 @@ def run_cost(p: Plan, *, cache, tracker, latency: LatencyProtocol | None, thread
              record: Record | None = None) -> dict[str, ArmCost]:
     """One trial's cost (`cost`) as one MLflow run tagged `accelbench.kind` = `cost`, with the trial's params, the
     paper's numbers as tags and how each arm was counted; with `record`, the arms' latencies written as per-pass
-    costs for the dry run (`record_costs`). Returns the arms' costs."""
+    costs for the dry run (`record_costs`). Returns the arms' costs; none for a row that cannot be counted (a
+    teacher without a full-size random build, an arm that fails to build), whose run says why (`SKIPPED_TAG`): a
+    suite's cost mode counts every row it can instead of stopping at the first it cannot."""
     t = p.trial
     device = torch.device("meta") if latency is None else p.device
     with training.threads(threads), tracker.run(f"cost {run_name(p)}", {
@@ -317,7 +319,13 @@ def run_cost(p: Plan, *, cache, tracker, latency: LatencyProtocol | None, thread
                        ",".join(f"{k}={v}" for k, v in dataclasses.asdict(latency).items())})
         log.log(params=params, tags={KNOBS_TAG: ",".join(sorted(t.params)),
                                      "key_knobs": ",".join(p.method_cls.key_knobs)})
-        arms = cost(p, cache=cache, latency=latency)
+        try:
+            arms = cost(p, cache=cache, latency=latency)
+        except Exception as exc:  # noqa: BLE001 (a row that cannot be counted is listed with why; the others go on)
+            reason = str(exc).splitlines()[0] if isinstance(exc, UserError) else (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            log.log(tags={SKIPPED_TAG: reason})
+            return {}
         if record is not None and latency is not None:
             recorded = record_costs(p, arms, record)
             log.log(tags={"cost.recorded": ", ".join(recorded) or "nothing (no arm of a single kind of pass)"})

@@ -15,5 +15,6 @@ SPEEDUP_FLOPS = "speedup_flops"  # the reference arm's FLOPs per sample over the
 
 KIND_TAG = "accelbench.kind"  # what a run is: one of the kinds below
 TRIAL, STUDY, TRAINING, LAMBADA, COST = "trial", "study", "training", "lambada", "cost"
+SKIPPED_TAG = "cost.skipped"  # on a cost run: why its row was not counted (COST.md lists it with the reason)
 KNOBS_TAG = "accelbench.knobs"  # the trial's knobs, comma-separated, logged as params under their own names
 HEADLINE_TAG = "accelbench.headline"  # "true" on a paper method's run at its default key knobs

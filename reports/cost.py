@@ -1,12 +1,13 @@
 """The cost table (`accelbench suite FILE --cost`, `bench.cost`): each row's parameters, GFLOPs, NFE and latency per
 sample beside the paper's, from the experiment's cost runs alone.
 
-GFLOPs are shown in the papers' convention, a multiply-add counted once (fvcore's; DiT's 118.6 a forward, ARD Table 1):
-our GMACs. `speed-up FLOPs` is the reference arm's FLOPs over the method's, a speed-up that no machine's noise moves.
+GFLOPs are shown in both conventions: the papers', a multiply-add counted once (fvcore's; DiT's 118.6 a forward, ARD
+Table 1), i.e. GMACs, and the hardware one, a multiply and an add (torch's FlopCounterMode, which the cost mode counts
+with: twice the GMACs). `speed-up FLOPs` is the reference arm's FLOPs over the method's, a speed-up that no machine's noise moves.
 """
 from __future__ import annotations
 
-from core.names import NFE_PER_SAMPLE
+from core.names import NFE_PER_SAMPLE, SKIPPED_TAG
 from core.paper import COST_KEYS
 from reports.tables import TrialRun, natural, shown_knobs
 
@@ -45,20 +46,20 @@ def cost_table(runs: list[TrialRun]) -> list[str]:
     for r in sorted(runs, key=lambda r: r.start_time_ms):
         latest[(r.teacher, r.method, tuple(sorted(r.knobs.items())), r.seed)] = r
     head = ["teacher", "method", "knobs", "NFE", "paper NFE", "params", "paper params", "Δ params", "GFLOPs (MACs)",
-            "paper GFLOPs", "Δ GFLOPs", "speed-up FLOPs", "latency ms / sample", "paper ms", "how counted"]
+            "GFLOPs (2 per MAC)", "paper GFLOPs", "Δ GFLOPs", "speed-up FLOPs", "latency ms / sample", "paper ms", "how counted"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in sorted(latest, key=lambda k: natural(str(k))):
         r = latest[key]
         m, paper = r.metrics, r.paper
         gmacs, ref_gmacs = m.get("gmacs_per_sample"), m.get("ref/gmacs_per_sample")
         paper_latency = paper.get("latency")
-        how = r.tags.get("cost.how.method", "")
+        how = r.tags.get("cost.how.method", "") or f"not counted: {r.tags.get(SKIPPED_TAG, 'no arm was counted')}"
         lines.append("| " + " | ".join([
             r.teacher, r.method, shown_knobs(r, list(latest.values())), _num(m.get(NFE_PER_SAMPLE), 1),
             _num(paper.get("nfe"), 0) if "nfe" in paper else "—",
             _count(m.get(COST_KEYS["params"])), _count(paper.get("params")),
             _delta(m.get(COST_KEYS["params"]), paper.get("params")),
-            _num(gmacs), _num(paper.get("gflops")), _delta(gmacs, paper.get("gflops")),
+            _num(gmacs), _num(None if gmacs is None else 2 * gmacs), _num(paper.get("gflops")), _delta(gmacs, paper.get("gflops")),
             f"{ref_gmacs / gmacs:.2f}×" if gmacs and ref_gmacs else "—",
             _latency(m), "—" if paper_latency is None else f"{1000 * paper_latency:.3g}", how]) + " |")
     return lines
@@ -69,7 +70,8 @@ def cost_markdown(runs: list[TrialRun], title: str) -> str:
     return "\n".join([
         f"# {title}", "", "What each row costs at full size with seeded random weights (`accelbench suite FILE "
         "--cost`): a forward pass costs the same whatever the weights. NFE and FLOPs per sample are counted on one "
-        "sample (torch's FlopCounterMode; GFLOPs here count a multiply-add once, as the papers do, so they are GMACs); "
+        "sample (torch's FlopCounterMode); GFLOPs (MACs) count a multiply-add once, as the papers do, GFLOPs (2 per MAC) "
+        "as hardware counts them (a multiply and an add), and the paper's column and Δ are in the papers' convention; "
         "params are those the method's networks read while sampling; Δ is ours over the paper's, in %. "
         "speed-up FLOPs: the teacher's reference sampler over the method. Latency (where measured): the latency "
         "protocol (core/latency.py) on " + ", ".join(devices) + "; ⚠ noisy: its CV exceeds the protocol's bound.",
