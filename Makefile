@@ -73,10 +73,13 @@ gpu-check:
 		$(GPU_PYTHON) -m pytest -p no:cacheprovider -m gpu -rs tests/test_gpu.py
 
 # The GPU benchmark (benchmarks/gpu_bench.py): every paper suite's rows timed at full size with random weights under
-# the latency protocol, in at most 8 minutes, at each row's timed batch and precision; it writes this device's
-# per-pass costs (bench/costs/<kind>.recorded.yaml, for dry runs priced for it) and results/gpu-bench/<kind>.md beside
-# the papers' latencies. It needs torch and PyYAML only (a GPU box's image has both); tested on the CPU at a reduced
-# size (tests/test_cost.py).
+# the latency protocol, at each row's timed batch and precision, the papers' latency tables first (ARD Table 1, DD
+# Table 1, SDTT Fig. 22, SJD), each arm timed once (a reference arm shared by rows is read back), a failing row listed
+# with its error; no row starts after 8 minutes (on an H100 ARD's and DD's tables take about 4, the docstring's
+# arithmetic). After every row it writes this device's per-pass costs (bench/costs/<kind>.recorded.yaml, for dry runs
+# priced for it) and results/gpu-bench/<kind>.md beside the papers' latencies. It needs torch and PyYAML only (a GPU
+# box's image has both; no wheel); tests/test_gpu_bench.py runs it on the CPU at a reduced size in an interpreter that
+# can import nothing else.
 gpu-bench:
 	PYTHONPATH=. $(GPU_PYTHON) benchmarks/gpu_bench.py
 

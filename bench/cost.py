@@ -131,7 +131,8 @@ def _params_read(networks: list[torch.nn.Module], ids: set[int]) -> dict[str, in
 
 def build(p: Plan, device: torch.device, *, cache) -> tuple[Any, dict[str, Any]]:
     """The teacher at full size with random weights on `device` (a tiny teacher: loaded) and the trial's arms around
-    it, each method's students standing in with random weights. Returns (teacher, {arm: method})."""
+    it (its extra arms too: SDTT's GPT-2 and same-steps arms), each method's students standing in with random
+    weights. Returns (teacher, {arm: method})."""
     t = p.trial
     random = getattr(p.teacher_cls, "random", None)
     if random is not None:
@@ -144,7 +145,8 @@ def build(p: Plan, device: torch.device, *, cache) -> tuple[Any, dict[str, Any]]
         raise UserError(f"cost mode: teacher {t.teacher!r} has no full-size random build yet; it has one: {built}")
     method = p.method_cls(teacher, p.config)
     method.stand_in()
-    return teacher, {"ref": TeacherSampler(teacher, p.sampling), "method": method}
+    extra = method.extra_arms(cache=cache, device=device, checkpoints=p.checkpoints, random=random is not None)
+    return teacher, {"ref": TeacherSampler(teacher, p.sampling), "method": method, **extra}
 
 
 def _random_teachers() -> list[str]:
@@ -206,7 +208,7 @@ def _from_passes(p: Plan, arm: str, ref: ArmCost | None, exc: Exception, length:
     positions) where they are priced by what was counted."""
     family = p.teacher_cls.family
     passes = (TeacherSampler.passes(p.sampling, family, length)["method"] if arm == "ref" else
-              p.method_cls.passes(p.config, family, length)["method"])
+              p.method_cls.passes(p.config, family, length)[arm])
     kinds = set(passes.counts)
     if kinds <= set(FREE_KINDS):
         return ArmCost(arm, sum(passes.counts.values()), 0.0, {}, "priced from its passes: table lookups only")
@@ -230,6 +232,47 @@ def time_arms(p: Plan, protocol: LatencyProtocol, *, cache) -> dict[str, ArmCost
         times = time_calls(arms, cond, t, protocol, p.device)
     length = teacher_length(teacher)
     return {name: ArmCost(name, None, None, {}, "timed", latency, length) for name, latency in times.items()}
+
+
+def time_arms_once(p: Plan, protocol: LatencyProtocol, timed: dict[tuple, Latency], *, cache) -> dict[str, ArmCost]:
+    """`time_arms`, each arm timed once per `timed`: an arm whose latency is there (`_timing_key`: the same teacher,
+    sampler, settings, batch and numerics, timed for an earlier row) is read back; the others, one per key (a `ddim`
+    row's method arm is its reference arm), are timed interleaved and added. `make gpu-bench`
+    (benchmarks/gpu_bench.py) times ARD's DDIM-25 reference once for its ten student rows, MDLM's 1024 steps once for
+    SDTT's."""
+    t = p.trial
+    teacher, arms = build(p, p.device, cache=cache)
+    keys = {name: _timing_key(p, arm) for name, arm in arms.items()}
+    first: dict[tuple, str] = {}  # a key not timed yet -> the arm of this row timed for it
+    for name in arms:
+        if keys[name] not in timed:
+            first.setdefault(keys[name], name)
+    todo = {name: arms[name] for name in first.values()}
+    if todo:
+        cond = teacher.conditions(t.latency_batch or 1, torch.Generator().manual_seed(t.seed)).to(p.device)
+        with precision.tf32(p.device, t.tf32), precision.compiled(t.compile, *todo.values()), torch.inference_mode():
+            times = time_calls(todo, cond, t, protocol, p.device)
+        timed.update({keys[name]: latency for name, latency in times.items()})
+
+    def how(name: str) -> str:
+        if name in todo:
+            return "timed"
+        if keys[name] in first:
+            return f"timed as the {first[keys[name]]} arm (the same sampler and settings)"
+        return "timed in an earlier row"
+
+    length = teacher_length(teacher)
+    return {name: ArmCost(name, None, None, {}, how(name), timed[keys[name]], length) for name in arms}
+
+
+def _timing_key(p: Plan, arm) -> tuple:
+    """What an arm's latency is a function of: the row's teacher and the arm's own (SDTT's GPT-2 arm), the sampler
+    (a teacher's sampler under a method's name is the reference arm's) and its settings, the timed batch, seed,
+    numerics and device."""
+    t = p.trial
+    sampler = TeacherSampler.__name__ if type(arm).sample is TeacherSampler.sample else type(arm).__name__
+    return (t.teacher, repr(sorted(t.teacher_params.items())), getattr(arm.teacher, "name", ""), sampler,
+            repr(arm.config), t.latency_batch or 1, t.seed, t.dtype, t.tf32, t.compile, str(p.device))
 
 
 def time_calls(arms: dict[str, Any], cond: torch.Tensor, t, protocol: LatencyProtocol,
@@ -273,8 +316,8 @@ def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]
     data = read_yaml_mapping(str(path), "cost table") if path.exists() else {"kind": kind, "teachers": {}}
     done = []
     for name, a in arms.items():
-        passes = (TeacherSampler.passes(p.sampling, family, a.length) if name == "ref" else
-                  p.method_cls.passes(p.config, family, a.length))["method"]
+        passes = (TeacherSampler.passes(p.sampling, family, a.length)["method"] if name == "ref" else
+                  p.method_cls.passes(p.config, family, a.length)[name])
         if a.latency is None or len(passes.counts) != 1 or passes.at_most:
             continue
         (pass_kind, n), = passes.counts.items()

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 from core import distributed, precision
 from core.budget import budget
@@ -92,6 +91,8 @@ def _sample_arms(arms: dict[str, Any], conds: torch.Tensor, trial: Trial, opts: 
     batches interleaved and timed, each batch spooled as it is drawn; then, on rank 0, every batch of every arm read
     back. Returns (the arms' results, or None on other ranks; the warm-up seconds per arm: with `compile`,
     compilation)."""
+    from tqdm import tqdm  # here: `make gpu-bench` imports this module (through bench.suite) without tqdm
+
     batches = _batches(trial.n_samples, trial.batch_size)
     todo = [i for i in range(world.rank, len(batches), world.size)
             if not all(spools[name].has(i) for name in arms)]

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from core import distributed
 from core.cache import Cache
 from core.config import check_seeds, knobs, read_yaml_mapping
@@ -103,6 +101,8 @@ def run_suite(suite: Suite, *, tracker: Tracker, cache: Cache, opts: RunOptions,
               force: bool = False) -> tuple[int, int]:
     """Run every trial that has no finished run in the experiment yet; returns (ran, skipped). Under torchrun every
     rank runs the same trials, in rank 0's order (`core.distributed`)."""
+    from tqdm import tqdm  # here: `make gpu-bench` loads suites without tqdm
+
     world = distributed.world()
     done = world.broadcast(set() if force or not world.main else finished_keys(tracker))
     todo = [p for p in suite.plans if p.key() not in done]

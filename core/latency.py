@@ -17,11 +17,11 @@ processes beside them (issue 41's measurements), so 10 % separates the two.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from core.errors import UserError
@@ -56,11 +56,11 @@ class Latency:
 
     @property
     def median(self) -> float:  # seconds per call
-        return float(np.median(self.seconds))
+        return float(statistics.median(self.seconds))
 
     @property
     def p90(self) -> float:
-        return float(np.percentile(self.seconds, 90))
+        return percentile(self.seconds, 90)
 
     @property
     def cv(self) -> float:  # %
@@ -108,6 +108,14 @@ def measure(arms: dict[str, Callable[[], None]], protocol: LatencyProtocol, devi
 
 
 def cv_pct(seconds) -> float:
-    """The coefficient of variation (%) of a list of times: the spread the protocol flags."""
-    t = np.asarray(seconds, dtype=np.float64)
-    return float(100 * t.std() / t.mean()) if len(t) > 1 and t.mean() > 0 else 0.0
+    """The coefficient of variation (%) of a list of times: the spread the protocol flags (the population standard
+    deviation, numpy's `std`)."""
+    t = [float(s) for s in seconds]
+    return 100 * statistics.pstdev(t) / statistics.fmean(t) if len(t) > 1 and statistics.fmean(t) > 0 else 0.0
+
+
+def percentile(seconds, q: int) -> float:
+    """numpy's default `percentile` (linear between the closest ranks) by the standard library's `quantiles`: the
+    latency protocol needs no numpy, which a bare GPU box (`make gpu-bench`) may lack."""
+    t = [float(s) for s in seconds]
+    return t[0] if len(t) == 1 else statistics.quantiles(t, n=100, method="inclusive")[q - 1]

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from contextlib import contextmanager
 
-import numpy as np
 import torch
 
+from core.latency import percentile
 from core.names import SEC_PER_SAMPLE
 
 
@@ -88,7 +89,7 @@ def median_seconds(fn, repeats: int, device: torch.device) -> float:
     for _ in range(repeats):
         with stopwatch(device, times):
             fn()
-    return float(np.median(times))
+    return statistics.median(times)
 
 
 def latency_stats(batch_seconds: list[float], batch_sizes: list[int],
@@ -96,17 +97,17 @@ def latency_stats(batch_seconds: list[float], batch_sizes: list[int],
     """An arm's speed from its batches' wall times. With several ranks (`ranks[i]` drew batch i, in parallel with the
     others): the per-sample and per-batch medians are the median of each rank's own median, the throughput is the
     ranks' throughputs summed (`samples_per_sec`) and each rank's (`samples_per_sec_rank<r>`); p90s pool every batch."""
-    t = np.asarray(batch_seconds, dtype=np.float64)
-    sizes = np.asarray(batch_sizes, dtype=np.float64)
-    per_sample = t / sizes  # the last batch may be smaller
-    owner = np.zeros(len(t), dtype=np.int64) if ranks is None else np.asarray(ranks)
-    by_rank = {int(r): owner == r for r in np.unique(owner)}
-    throughput = {r: float(sizes[m].sum() / t[m].sum()) for r, m in by_rank.items()}
+    # plain floats, not numpy: bench.runner calls this on import, and the cost path (`make gpu-bench`) imports it
+    t = [float(s) for s in batch_seconds]
+    per_sample = [s / n for s, n in zip(t, batch_sizes)]  # the last batch may be smaller
+    owner = [0] * len(t) if ranks is None else [int(r) for r in ranks]
+    by_rank = {r: [i for i, o in enumerate(owner) if o == r] for r in sorted(set(owner))}
+    throughput = {r: sum(float(batch_sizes[i]) for i in ix) / sum(t[i] for i in ix) for r, ix in by_rank.items()}
     stats = {
-        "sec_per_batch_median": float(np.median([np.median(t[m]) for m in by_rank.values()])),
-        "sec_per_batch_p90": float(np.percentile(t, 90)),
-        SEC_PER_SAMPLE: float(np.median([np.median(per_sample[m]) for m in by_rank.values()])),
-        "sec_per_sample_p90": float(np.percentile(per_sample, 90)),
+        "sec_per_batch_median": statistics.median([statistics.median([t[i] for i in ix]) for ix in by_rank.values()]),
+        "sec_per_batch_p90": percentile(t, 90),
+        SEC_PER_SAMPLE: statistics.median([statistics.median([per_sample[i] for i in ix]) for ix in by_rank.values()]),
+        "sec_per_sample_p90": percentile(per_sample, 90),
         "samples_per_sec": sum(throughput.values()),
     }
     if len(by_rank) > 1:

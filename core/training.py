@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 _show_bars = True  # set by `progress_bars` (the runner, from RunOptions.progress: the CLI's --no-progress)
 _reporter: Callable[[str, str, dict, dict], None] | None = None  # set by `training_reports` (the runner)
@@ -74,6 +73,8 @@ def library_bars() -> Iterator[None]:
 
 def training_steps(steps: int, desc: str) -> Iterable[int]:
     """range(steps), with a progress bar unless the caller of the trial asked for none."""
+    from tqdm import tqdm  # here: the cost path (`make gpu-bench`) imports this module and trains nothing
+
     return tqdm(range(steps), desc=desc, unit="step", leave=False, disable=not _show_bars)
 
 

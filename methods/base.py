@@ -130,9 +130,11 @@ class Method:
         run as tags `caveat.<name>` (and listed by the report)."""
         return {}
 
-    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path) -> dict[str, "Method"]:
+    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path,
+                   random: bool = False) -> dict[str, "Method"]:
         """Baselines this method is compared with in the same run besides the teacher's reference arm, by arm name
-        (the runner samples them interleaved with the others and logs them under "<name>/")."""
+        (the runner samples them interleaved with the others and logs them under "<name>/"). `random`: a model an arm
+        loads is its full-size random build instead (the cost mode's, `bench.cost.build`)."""
         return {}
 
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:

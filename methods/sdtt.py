@@ -48,7 +48,7 @@ from core.samples import Samples
 from core.training import ema_update, optimizer_step
 from methods import sdtt_released as released
 from methods.base import Method, Passes, TeacherSampler
-from teachers import load_teacher
+from teachers import load_teacher, teacher_class
 from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
 
@@ -317,14 +317,19 @@ class SDTT(Method):
             out["sdtt_released_teacher"] = f"the student was distilled from {self.release.teacher}, not MDLM-OWT"
         return out
 
-    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path) -> dict[str, Method]:
+    def extra_arms(self, *, cache: Cache, device: torch.device, checkpoints: Path,
+                   random: bool = False) -> dict[str, Method]:
         """The teacher at the student's step count ("same_steps") and, with `ar_arm`, the corpus' causal LM with its
         KV cache ("ar") at the same length and batch size, each its own family's sampler; the LM's samples hold the
-        prompt it continued (`AfterPrompt`), as the MDLM arms' do."""
+        prompt it continued (`AfterPrompt`), as the MDLM arms' do. `random`: the LM's full-size random build (GPT-2
+        for MDLM-OWT: §4.4's latency baseline, counted and timed by the cost mode)."""
         cfg = self.config
         arms = {"same_steps": TeacherSampler(self.teacher, cfg.student_sampling)}
         if cfg.ar_arm:
-            lm = copy.copy(load_teacher(self.teacher.companion_lm, cache=cache, device=device, checkpoints=checkpoints))
+            name = self.teacher.companion_lm
+            lm_cls = teacher_class(name, checkpoints)
+            lm = copy.copy(lm_cls.random(name, device) if random and getattr(lm_cls, "random", None) else
+                           load_teacher(name, cache=cache, device=device, checkpoints=checkpoints))
             # as many new tokens as the MDLM arms generate after their prompts, within the LM's positions (1023 for
             # GPT-2 after its BOS against MDLM-OWT's 1024; 50 after a 50-token prompt in `mdlm-owt-prompted`)
             n = min(lm.seq_len, self.teacher.seq_len - getattr(self.teacher, "prompt_tokens", 0))

@@ -3,7 +3,8 @@ sample beside the paper's, from the experiment's cost runs alone.
 
 GFLOPs are shown in both conventions: the papers', a multiply-add counted once (fvcore's; DiT's 118.6 a forward, ARD
 Table 1), i.e. GMACs, and the hardware one, a multiply and an add (torch's FlopCounterMode, which the cost mode counts
-with: twice the GMACs). `speed-up FLOPs` is the reference arm's FLOPs over the method's, a speed-up that no machine's noise moves.
+with: twice the GMACs). `speed-up FLOPs` is the reference arm's FLOPs over the method's, a speed-up that no
+machine's noise moves.
 """
 from __future__ import annotations
 
@@ -41,27 +42,34 @@ def _latency(m: dict, prefix: str = "") -> str:
 
 def cost_table(runs: list[TrialRun]) -> list[str]:
     """A row per cost run (the latest of each setting), the method arm's figures beside the paper's and the reference
-    arm's FLOPs and latency as speed-ups."""
+    arm's FLOPs and latency as speed-ups; below it a row per extra arm of the run (SDTT's GPT-2 and same-steps
+    arms), its own figures against the same reference arm."""
     latest: dict = {}
     for r in sorted(runs, key=lambda r: r.start_time_ms):
         latest[(r.teacher, r.method, tuple(sorted(r.knobs.items())), r.seed)] = r
     head = ["teacher", "method", "knobs", "NFE", "paper NFE", "params", "paper params", "Δ params", "GFLOPs (MACs)",
-            "GFLOPs (2 per MAC)", "paper GFLOPs", "Δ GFLOPs", "speed-up FLOPs", "latency ms / sample", "paper ms", "how counted"]
+            "GFLOPs (2 per MAC)", "paper GFLOPs", "Δ GFLOPs", "speed-up FLOPs", "latency ms / sample", "paper ms",
+            "how counted"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in sorted(latest, key=lambda k: natural(str(k))):
         r = latest[key]
         m, paper = r.metrics, r.paper
-        gmacs, ref_gmacs = m.get("gmacs_per_sample"), m.get("ref/gmacs_per_sample")
-        paper_latency = paper.get("latency")
-        how = r.tags.get("cost.how.method", "") or f"not counted: {r.tags.get(SKIPPED_TAG, 'no arm was counted')}"
-        lines.append("| " + " | ".join([
-            r.teacher, r.method, shown_knobs(r, list(latest.values())), _num(m.get(NFE_PER_SAMPLE), 1),
-            _num(paper.get("nfe"), 0) if "nfe" in paper else "—",
-            _count(m.get(COST_KEYS["params"])), _count(paper.get("params")),
-            _delta(m.get(COST_KEYS["params"]), paper.get("params")),
-            _num(gmacs), _num(None if gmacs is None else 2 * gmacs), _num(paper.get("gflops")), _delta(gmacs, paper.get("gflops")),
-            f"{ref_gmacs / gmacs:.2f}×" if gmacs and ref_gmacs else "—",
-            _latency(m), "—" if paper_latency is None else f"{1000 * paper_latency:.3g}", how]) + " |")
+        ref_gmacs = m.get("ref/gmacs_per_sample")
+        extra = sorted({k.split("/")[0] for k in m if k.endswith("/gmacs_per_sample")} - {"ref"})
+        for arm in ["", *extra]:
+            prefix, mine = (f"{arm}/", {}) if arm else ("", paper)
+            gmacs = m.get(prefix + "gmacs_per_sample")
+            how = r.tags.get(f"cost.how.{arm or 'method'}", "") or (
+                f"not counted: {r.tags.get(SKIPPED_TAG, 'no arm was counted')}")
+            lines.append("| " + " | ".join([
+                r.teacher, f"{r.method}: {arm} arm" if arm else r.method, shown_knobs(r, list(latest.values())),
+                _num(m.get(prefix + NFE_PER_SAMPLE), 1), _num(mine.get("nfe"), 0) if "nfe" in mine else "—",
+                _count(m.get(prefix + COST_KEYS["params"])), _count(mine.get("params")),
+                _delta(m.get(prefix + COST_KEYS["params"]), mine.get("params")),
+                _num(gmacs), _num(None if gmacs is None else 2 * gmacs), _num(mine.get("gflops")),
+                _delta(gmacs, mine.get("gflops")), f"{ref_gmacs / gmacs:.2f}×" if gmacs and ref_gmacs else "—",
+                _latency(m, prefix), "—" if mine.get("latency") is None else f"{1000 * mine['latency']:.3g}",
+                how]) + " |")
     return lines
 
 
@@ -70,9 +78,21 @@ def cost_markdown(runs: list[TrialRun], title: str) -> str:
     return "\n".join([
         f"# {title}", "", "What each row costs at full size with seeded random weights (`accelbench suite FILE "
         "--cost`): a forward pass costs the same whatever the weights. NFE and FLOPs per sample are counted on one "
-        "sample (torch's FlopCounterMode); GFLOPs (MACs) count a multiply-add once, as the papers do, GFLOPs (2 per MAC) "
-        "as hardware counts them (a multiply and an add), and the paper's column and Δ are in the papers' convention; "
+        "sample (torch's FlopCounterMode); GFLOPs (MACs) count a multiply-add once, as the papers do, GFLOPs (2 per "
+        "MAC) as hardware counts them (a multiply and an add), and the paper's column and Δ are in the papers' "
+        "convention; "
         "params are those the method's networks read while sampling; Δ is ours over the paper's, in %. "
         "speed-up FLOPs: the teacher's reference sampler over the method. Latency (where measured): the latency "
         "protocol (core/latency.py) on " + ", ".join(devices) + "; ⚠ noisy: its CV exceeds the protocol's bound.",
-        "", *cost_table(runs), ""])
+        "", *cost_table(runs), *_nfe_footnote(runs), ""])
+
+
+def _nfe_footnote(runs: list[TrialRun]) -> list[str]:
+    """How NFE is counted where a paper counts it otherwise: MDLM's sampler ends with a noise-removal pass after its
+    last step (`teachers.families.masked_diffusion`), which SDTT's step counts (its figures' x axes) leave out."""
+    if not any(r.tags.get("family") == "masked-diffusion-lm" for r in runs):
+        return []
+    return ["", "NFE counts every forward pass of the network. On the masked-diffusion rows that includes MDLM's "
+            "noise-removal pass after the last step, so a row of n steps counts n + 1 (16 steps: 17); the papers' NFE "
+            "there (SDTT's step counts) are the steps alone."]
+

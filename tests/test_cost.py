@@ -123,36 +123,6 @@ def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_p
         m["ref/latency_per_sample_median"] / m["latency_per_sample_median"], rel=1e-9)
 
 
-def test_gpu_bench_runs_on_the_cpu_at_a_reduced_size(tiny_recipe, tmp_path, monkeypatch, capsys):
-    """`make gpu-bench`'s script on a tiny suite: every row timed under the protocol, its per-pass costs recorded for
-    the dry run, the table beside the paper's numbers; a row past the budget is listed, not timed."""
-    import runpy
-
-    import yaml
-
-    from bench.dryrun import costs
-
-    suite = tmp_path / "tiny.yaml"
-    defaults = {"teacher": "digits-dit-c2i", "latency_batch": 2}
-    suite.write_text(yaml.safe_dump({"experiment": "tiny", "defaults": defaults,
-                                     "trials": [{"method": "ddim", "params": {"steps": 4},
-                                                 "paper": {"latency": 0.5, "gflops": 1.0, "source": "T1"}},
-                                                {"method": "ard", "params": {"steps": 8}}]}))
-    root = Path(__file__).resolve().parent.parent
-    argv = ["gpu_bench.py", "--suites", str(suite), "--out", str(tmp_path / "out"), "--costs", str(tmp_path / "costs"),
-            "--cache-dir", str(tmp_path / "cache"), "--warmup", "1", "--min-count", "2", "--min-seconds", "0"]
-    monkeypatch.setattr("sys.argv", argv)
-    runpy.run_path(str(root / "benchmarks" / "gpu_bench.py"), run_name="__main__")
-    text = (tmp_path / "out" / "cpu.md").read_text()
-    assert "| tiny | ddim[steps=4] digits-dit-c2i s0 | 2 |" in text and "| 500 | — | 1 |" in text
-    assert "ard" in text and "Not reached" not in text
-    assert set(costs(tmp_path / "costs")["cpu"]["digits-dit-c2i"].batches[2].seconds) == {"step", "student_step"}
-    monkeypatch.setattr("sys.argv", [*argv, "--budget", "0"])  # spent before the first row
-    runpy.run_path(str(root / "benchmarks" / "gpu_bench.py"), run_name="__main__")
-    text = (tmp_path / "out" / "cpu.md").read_text()
-    assert "Not reached within the budget (2 rows): tiny: ddim[steps=4]" in text and "| tiny |" not in text
-
-
 @pytest.fixture(scope="module")
 def ard_table1():
     """The plans of the rows of ARD Table 1's suite that carry the paper's GFLOPs, but the 250-step teacher's (250

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -67,9 +66,13 @@ class QuantResi(nn.Module):
         super().__init__()
         K = cfg.share_quant_resi
         self.qresi_ls = nn.ModuleList(Phi(cfg.Cvae, cfg.quant_resi) for _ in range(K))
-        ticks = np.linspace(1 / 3 / K, 1 - 1 / 3 / K, K) if K == 4 else np.linspace(1 / 2 / K, 1 - 1 / 2 / K, K)
+        # VAR's np.linspace(lo, 1 - lo, K) and np.argmin, in plain floats to the last bit: a GPU box's
+        # `make gpu-bench` builds VAR without numpy
+        lo = 1 / 3 / K if K == 4 else 1 / 2 / K
+        step = (1 - lo - lo) / max(K - 1, 1)
+        ticks = [i * step + lo for i in range(K - 1)] + [1 - lo]
         last = len(cfg.patch_nums) - 1
-        self.index = [int(np.argmin(np.abs(ticks - si / last))) for si in range(last + 1)]  # scale -> Phi
+        self.index = [min(range(K), key=lambda k: abs(ticks[k] - si / last)) for si in range(last + 1)]  # scale -> Phi
 
     def forward(self, si: int, h: torch.Tensor) -> torch.Tensor:
         return self.qresi_ls[self.index[si]](h)
