@@ -43,7 +43,7 @@ from core.errors import UserError
 from core.latency import Latency, LatencyProtocol, measure
 from core.names import COST, KIND_TAG, KNOBS_TAG, NFE_PER_SAMPLE, SKIPPED_TAG
 from core.paper import paper_tags
-from bench.dryrun import FREE_KINDS, costs, device_kind, teacher_length
+from bench.dryrun import FREE_KINDS, costs, device_kind, device_machine, teacher_length
 from bench.plan import Plan, run_name
 from methods.base import TeacherSampler
 from teachers import load_teacher
@@ -308,10 +308,11 @@ class Record:
 
 def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]:
     """Each timed arm whose passes are of one kind (`Method.passes`; a speculative arm's bound is not a count) as
-    that kind's seconds per pass of one sample at the timed batch, into `<folder>/<kind>.recorded.yaml` under the
-    teacher and the batch size, beside what was there. Returns what was recorded ("ref: step at batch 1")."""
+    that kind's seconds per pass of one sample at the timed batch, into `<folder>/<kind>.recorded.yaml` (the device
+    kind: this machine and the trial's precision) under the teacher and the batch size, beside what was there.
+    Returns what was recorded ("ref: step at batch 1")."""
     family, t = p.teacher_cls.family, p.trial
-    kind = device_kind(p.device)
+    kind = device_kind(device_machine(p.device), t.dtype)
     path = record.folder / f"{kind}.recorded.yaml"
     data = read_yaml_mapping(str(path), "cost table") if path.exists() else {"kind": kind, "teachers": {}}
     done = []
@@ -322,6 +323,11 @@ def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]
             continue
         (pass_kind, n), = passes.counts.items()
         if pass_kind in FREE_KINDS or not n:
+            continue
+        # a teacher's "step" is its whole sampler's mean step: a truncated run (skip-n's first tokens, cheaper with
+        # a short KV cache) would overwrite it with a smaller one, so only the teacher's own sampler records it
+        if pass_kind == "step" and name != "ref" and not (name == "method" and issubclass(p.method_cls,
+                                                                                           TeacherSampler)):
             continue
         teacher = data["teachers"].setdefault(t.teacher, {"length": a.length, "batches": {}})
         entry = teacher["batches"].setdefault(a.latency.batch, {"seconds": {}})
@@ -340,7 +346,7 @@ def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]
 
 RECORDED_HEADER = ("# Written by the cost mode (`accelbench suite FILE --cost --latency --record`): seconds per "
                    "pass of one sample,\n# by teacher, batch size and kind of pass, timed on this device kind "
-                   "(bench/costs/cpu.yaml explains the format).\n")
+                   "(bench/costs/cpu-amd-epyc-fp32.yaml explains the format).\n")
 
 
 def run_cost(p: Plan, *, cache, tracker, latency: LatencyProtocol | None, threads: int,

@@ -3,8 +3,10 @@
 For every trial, planned exactly as a real run plans it (names, knobs, metrics) but with its files listed instead of
 refused (`core.files.audit`): the files it needs under `--checkpoints` and which are missing; the samples and forward
 passes of each arm (`Method.passes`, the family's sampler for the reference arm); and an estimated cost in device-hours
-on a device kind (`--device-kind`, default the current device's) from the per-pass costs measured on that kind at each
-batch size (`bench/costs/`: the project's cost benchmarks on this CPU, and what the cost mode recorded on other
+on a device kind from the per-pass costs measured on that kind at each batch size. A kind is a machine and a precision
+(`cpu-amd-epyc-fp32`, `nvidia-h100-80gb-hbm3-bf16`): `--device-kind` names the machine (default the current
+device's) and each trial's `dtype` the precision, so costs measured in bfloat16 never price a float32 trial, nor one
+machine's another's (`bench/costs/`: the project's cost benchmarks on this CPU, and what the cost mode recorded on other
 devices, `--cost --latency --record`; each entry names the device and the command that measured it). Nothing is
 trained, loaded or logged.
 """
@@ -52,14 +54,26 @@ class Cost:
         return (self.batches[max(below)], max(below)) if below else None
 
 
-def device_kind(device) -> str:
-    """The kind a device's costs are filed under: `cpu`, or the GPU's name in lower case with dashes
-    (`nvidia-h100-80gb-hbm3`)."""
+def device_machine(device) -> str:
+    """The machine a device's costs are filed under: the GPU's name in lower case with dashes
+    (`nvidia-h100-80gb-hbm3`), or `cpu-` and the CPU's model (`cpu-intel-xeon`, `cpu-amd-epyc-7b13`)."""
     import torch
 
-    if device.type != "cuda":
-        return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+    from core.envinfo import cpu_model
+
+    if device.type == "cuda":
+        return _slug(torch.cuda.get_device_name(device))
+    return "cpu-" + _slug(re.sub(r"\((r|tm)\)|\b(processor|cpu)\b|@.*", " ", cpu_model().lower()))
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def device_kind(machine: str, dtype: str) -> str:
+    """The kind costs are filed and priced under: the machine and the precision that measured them (`cpu-intel-xeon-
+    bf16`); one kind's costs never stand for another's."""
+    return f"{machine}-{dtype}"
 
 
 def _entry(data: Any, where: str) -> Entry:
@@ -157,13 +171,15 @@ class TrialCost:
         return sum(a.seconds for a in self.arms)
 
 
-def estimate(p: Plan, warmup: int, kind: str, protocol: LatencyProtocol = LatencyProtocol(),
+def estimate(p: Plan, warmup: int, machine: str, protocol: LatencyProtocol = LatencyProtocol(),
              folder: Path = COSTS, read: bool = False) -> TrialCost:
-    """The trial's arms, their passes and their cost on device kind `kind` (priced only with a measured cost for the
-    teacher): the quality samples at the trial's batch size, and, with a `latency_batch`, the latency protocol's
-    calls (at its floors of warm-up and count) at that batch. `read`: an earlier trial draws the reference arm's
-    samples (`Plan.reference_draws`), so that arm is only timed (`bench.runner`)."""
+    """The trial's arms, their passes and their cost on `machine` at the trial's precision (its device kind; priced
+    only with a measured cost for the teacher): the quality samples at the trial's batch size, and, with a
+    `latency_batch`, the latency protocol's calls (at its floors of warm-up and count) at that batch. `read`: an
+    earlier trial draws the reference arm's samples (`Plan.reference_draws`), so that arm is only timed
+    (`bench.runner`)."""
     t = p.trial
+    kind = device_kind(machine, t.dtype)
     samples = t.n_samples + warmup * t.batch_size
     at = t.latency_batch
     timed = [((protocol.warmup + protocol.min_count) * at, at)] if at else []
@@ -220,10 +236,10 @@ def _passes_text(passes: Passes) -> str:
     return f"at most {text}" if passes.at_most else text
 
 
-def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]]], warmup: int, kind: str,
+def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]]], warmup: int, machine: str,
            ranks: int = 1, protocol: LatencyProtocol = LatencyProtocol(), folder: Path = COSTS) -> str:
-    """The dry run's text: the files, then a block per trial, then the totals, priced for device kind `kind` over
-    `ranks` ranks from the costs in `folder`."""
+    """The dry run's text: the files, then a block per trial, then the totals, priced for `machine` (each trial at its
+    precision's device kind) over `ranks` ranks from the costs in `folder`."""
     lines = [title, "", f"files under --checkpoints {checkpoints.absolute()}:"]
     seen: dict[Path, bool] = {}
     for _, needed in entries:
@@ -231,8 +247,9 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
     lines += [f"  {'ok     ' if present else 'MISSING'}  {path}" for path, present in seen.items()] or ["  (none)"]
     lines.append("")
     known = costs(folder)
-    if kind not in known:
-        lines += [f"no measured costs for device kind {kind!r} in {folder} (kinds with costs: "
+    kinds = sorted({device_kind(machine, p.trial.dtype) for p, _ in entries})
+    if not set(kinds) & set(known):
+        lines += [f"no measured costs for device kind {' or '.join(map(repr, kinds))} in {folder} (kinds with costs: "
                   f"{', '.join(sorted(known))}): nothing is priced; measure them on that device with "
                   f"`accelbench suite FILE --cost --latency --record`", ""]
     total, unpriced, devices = 0.0, 0, set()
@@ -243,7 +260,8 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         t = p.trial
         first = None if p.tasks or not t.latency_batch else references.setdefault(p.reference_draws(), i)
         read = first is not None and first != i
-        est = estimate(p, warmup, kind, protocol, folder, read)
+        kind = device_kind(machine, t.dtype)
+        est = estimate(p, warmup, machine, protocol, folder, read)
         knobs = ", ".join(f"{k}={t.params[k]}" for k in p.method_cls.key_knobs if k in t.params)
         missing = sum(not n.present for n in needed)
         documents = "every document" if t.n_samples == MAX_COUNT else f"at most {t.n_samples} documents each"
@@ -294,7 +312,8 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         lines.append(f"reference draws: {len(references)} drawn for {len(shared)} trials timed at a latency batch "
                      f"(those under the same reference settings read the first one's from the cache)")
     lines += [f"total: {len(entries)} runs, {sum(not n for n in seen.values())} of {len(seen)} files missing, "
-              f"{_hours(total)} estimated for sampling and the teacher samples fit draws, on {kind}{wall}"
+              f"{_hours(total)} estimated for sampling and the teacher samples fit draws, on "
+              f"{' and '.join(kinds)}{wall}"
               + (f" ({unpriced} runs not priced)" if unpriced else "")
               + (f" ({data_unpriced} trials' training data not priced)" if data_unpriced else ""),
               *(f"  per-pass costs measured on {d}" for d in sorted(devices)),

@@ -1,7 +1,7 @@
 """`make gpu-bench`: the cost mode's latency of every paper suite's rows on this device, at full size with random
 weights, under the latency protocol at each row's timed batch (`latency_batch`) and precision; each timed arm's
-per-pass cost written for the dry run (`bench/costs/<device kind>.recorded.yaml`) and a markdown table of our
-latencies beside the papers' latencies and GFLOPs (`results/gpu-bench/<device kind>.md`).
+per-pass cost written for the dry run (`bench/costs/<device kind>.recorded.yaml`, a kind per machine and precision)
+and a markdown table of our latencies beside the papers' latencies and GFLOPs (`results/gpu-bench/<machine>.md`).
 
 It runs on a GPU box lent for minutes, which has Python, torch and PyYAML and nothing else of ours (no numpy, no
 metric library, no MLflow, no store): the suites are planned without their metrics (the cost mode scores nothing, and
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.cost import ArmCost, Record, record_costs, time_arms_once  # noqa: E402
-from bench.dryrun import COSTS, device_kind  # noqa: E402
+from bench.dryrun import COSTS, device_machine  # noqa: E402
 from bench.plan import Plan, run_name  # noqa: E402
 from bench.suite import load_suite  # noqa: E402
 from core import files  # noqa: E402
@@ -95,10 +95,10 @@ def main() -> None:
     args = ap.parse_args()
     protocol = LatencyProtocol(warmup=args.warmup, min_count=args.min_count, min_seconds=args.min_seconds)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind, start = device_kind(device), time.monotonic()
+    machine, start = device_machine(device), time.monotonic()
     record = Record(args.costs, shlex.join(["python", "benchmarks/gpu_bench.py", *sys.argv[1:]]))
     rows, skipped = plan_rows(args.suites)
-    path = args.out / f"{kind}.md"
+    path = args.out / f"{machine}.md"
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write(reached: int, final: bool) -> None:
@@ -127,7 +127,7 @@ def main() -> None:
         print(f"{row.suite}: {run_name(row.plan)}: " + (f"failed: {row.error}" if row.error else ", ".join(
             f"{name} {ms(a, ' ms')}" for name, a in row.arms.items())), flush=True)
     write(reached, final=True)
-    print(f"table: {path}\ncosts: {args.costs / f'{kind}.recorded.yaml'}")
+    print(f"table: {path}\ncosts: {args.costs}/{machine}-<dtype>.recorded.yaml")
 
 
 def plan_rows(paths: list[Path]) -> tuple[list[Row], list[str]]:

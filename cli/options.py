@@ -53,9 +53,10 @@ def dry_run(sp: argparse.ArgumentParser) -> None:
                     help="plan only: list the files each trial needs under --checkpoints (and which are missing), the "
                          "samples and forward passes per arm and the estimated device-hours; nothing is trained, "
                          "loaded or logged")
-    sp.add_argument("--device-kind", metavar="KIND",
-                    help="with --dry-run: price for this device kind (cpu, nvidia-h100-80gb-hbm3, ...: a file of "
-                         "--costs; default the current device's)")
+    sp.add_argument("--device-kind", metavar="MACHINE",
+                    help="with --dry-run: price for this machine (cpu-amd-epyc, nvidia-h100-80gb-hbm3, ...; default "
+                         "the current device's), each trial at its dtype: the device kind <machine>-<dtype> of a file "
+                         "of --costs")
     sp.add_argument("--ranks", type=int, default=1, metavar="N",
                     help="with --dry-run: the ranks (GPUs) a trial runs on: wall time is the device-hours over N")
     sp.add_argument("--costs", type=Path, metavar="DIR",

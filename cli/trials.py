@@ -44,8 +44,8 @@ def _dry_run(title: str, load, args, warmup: int) -> int:
         raise UserError(f"--ranks must be >= 1, got {args.ranks}")
     with files.audit():
         plans = load()
-    kind = args.device_kind or dryrun.device_kind(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    print(dryrun.report(title, args.checkpoints, [(p, list(p.needs)) for p in plans], warmup, kind, args.ranks,
+    machine = args.device_kind or dryrun.device_machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    print(dryrun.report(title, args.checkpoints, [(p, list(p.needs)) for p in plans], warmup, machine, args.ranks,
                         options.latency_protocol(args), args.costs or dryrun.COSTS))
     return 0
 

@@ -93,7 +93,7 @@ def test_cost_mode_end_to_end(tiny_recipe, tmp_path, fresh_store, capsys):
 def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_path, fresh_store, capsys):
     """`--cost --record` writes each timed arm's per-pass cost at its batch; the dry run then prices the teacher and
     the method arms in exactly the ratio the cost mode measured, and prints it."""
-    from bench.dryrun import costs, estimate
+    from bench.dryrun import costs, device_kind, device_machine, estimate
 
     folder, store = tmp_path / "costs", fresh_store
     trial = ["--teacher", "digits-dit-c2i", "--method", "ard", "--param", "steps=8"]
@@ -104,21 +104,22 @@ def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_p
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
     m = run.data.metrics
-    entry = costs(folder)["cpu"]["digits-dit-c2i"].batches[2]
+    machine = device_machine(torch.device("cpu"))  # the kind: this machine, float32 (the trial's dtype)
+    entry = costs(folder)[device_kind(machine, "fp32")]["digits-dit-c2i"].batches[2]
     assert entry.seconds["step"] == pytest.approx(m["ref/latency_per_sample_median"] / 8, rel=1e-9)
     assert entry.seconds["student_step"] == pytest.approx(m["latency_per_sample_median"] / 4, rel=1e-9)
     assert "--record" in entry.command and run.data.tags["cost.recorded"] == ("ref: step at batch 2, "
                                                                               "method: student_step at batch 2")
     capsys.readouterr()
     dry = ["run", *trial, "--n-samples", "10", "--batch-size", "2", "--warmup", "0", "--dry-run", "--device-kind",
-           "cpu", "--costs", str(folder)]
+           machine, "--costs", str(folder)]
     assert cli.main(dry) == 0
     out = capsys.readouterr().out
     assert "estimated:" in out and "an upper bound)" not in out
     with files.audit():
         p = plan(Trial(teacher="digits-dit-c2i", method="ard", params={"steps": 8}, n_samples=10, batch_size=2),
                  checkpoints=Path("/nonexistent"))
-    arms = {a.arm: a.seconds for a in estimate(p, 0, "cpu", folder=folder).arms}
+    arms = {a.arm: a.seconds for a in estimate(p, 0, machine, folder=folder).arms}
     assert arms["ref"] / arms["method"] == pytest.approx(
         m["ref/latency_per_sample_median"] / m["latency_per_sample_median"], rel=1e-9)
 

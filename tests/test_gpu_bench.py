@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from bench.dryrun import costs
+from bench.dryrun import costs, device_kind, device_machine
 from core.cache import Cache
 from teachers import load_teacher
 
 ROOT = Path(__file__).resolve().parent.parent
+MACHINE = device_machine(torch.device("cpu"))  # the files are named by it (bench.dryrun.device_machine)
 
 # A sitecustomize.py: every finder but the interpreter's built-in and frozen ones answers "no such module" for a
 # top-level module outside the allowed set, as on a box where it is not installed (importlib.util.find_spec gives
@@ -89,7 +90,7 @@ def test_gpu_bench_runs_on_a_bare_interpreter_at_a_reduced_size(tiny_recipe, tmp
     ran = subprocess.run([sys.executable, "benchmarks/gpu_bench.py", *argv], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    text = (tmp_path / "out" / "cpu.md").read_text()
+    text = (tmp_path / "out" / f"{MACHINE}.md").read_text()
     lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| tiny |")}
     ard = "ard[student_steps={},history_layers=1,mask=M4] digits-dit-c2i s0"
     assert list(lines) == ["ddim[steps=4] digits-dit-c2i s0", "ddim[steps=4] broken-dit s0", ard.format(2),
@@ -100,11 +101,12 @@ def test_gpu_bench_runs_on_a_bare_interpreter_at_a_reduced_size(tiny_recipe, tmp
     first, second = (lines[ard.format(s)].split(" | ") for s in (2, 4))
     assert "°" not in first[4] and second[4] == first[4] + " °"  # DDIM-8 timed once, for the first ard row
     assert "Not reached" not in text
-    assert set(costs(tmp_path / "costs")["cpu"]["digits-dit-c2i"].batches[2].seconds) == {"step", "student_step"}
+    kind = device_kind(MACHINE, "fp32")  # this machine, the rows' float32
+    assert set(costs(tmp_path / "costs")[kind]["digits-dit-c2i"].batches[2].seconds) == {"step", "student_step"}
 
     monkeypatch.setattr("sys.argv", ["gpu_bench.py", *argv, "--budget", "0", "--suites", str(_without_broken(suite))])
     runpy.run_path(str(ROOT / "benchmarks" / "gpu_bench.py"), run_name="__main__")  # spent before the first row
-    text = (tmp_path / "out" / "cpu.md").read_text()
+    text = (tmp_path / "out" / f"{MACHINE}.md").read_text()
     assert "Not reached within the budget (3 rows): tiny: ddim[steps=4] digits-dit-c2i s0; " in text
     assert "| tiny |" not in text
 

@@ -42,9 +42,10 @@ def test_the_dry_run_prices_passes_with_the_measured_costs(tmp_path, capsys):
     """VAR-d16's own sampler: 10 scale passes per sample at the measured cost per pass, in its one arm (a
     teacher-only trial: its draws are the reference arm's)."""
     assert main(["run", "--teacher", "var-d16", "--method", "ar", "--n-samples", "100", "--batch-size", "10",
-                 "--warmup", "1", "--dry-run", "--checkpoints", str(tmp_path), "--device-kind", "cpu"]) == 0
+                 "--warmup", "1", "--dry-run", "--checkpoints", str(tmp_path), "--device-kind",
+                 "cpu-amd-epyc"]) == 0
     out = capsys.readouterr().out
-    measured = costs()["cpu"]["var-d16"].batches[1]  # batch 10 priced at batch 1's cost per sample, the bound
+    measured = costs()["cpu-amd-epyc-fp32"]["var-d16"].batches[1]  # batch 10 at batch 1's cost per sample: a bound
     per_arm = 110 * 10 * measured.seconds["step"] / 3600  # 100 samples + a warm-up batch of 10
     assert (f"method     10 step per sample: {per_arm:.3g} device-hours (batch 10 at batch 1's per-sample cost, "
             f"the largest measured below: an upper bound)") in out
@@ -61,11 +62,11 @@ def test_a_speculative_arm_is_priced_at_the_acceptance_its_paper_row_states(caps
     from methods.base import Passes
 
     assert main(["suite", str(ROOT / "suites" / "papers" / "sjd-fig10-tables1-5.yaml"), "--dry-run",
-                 "--device-kind", "cpu"]) == 0
+                 "--device-kind", "cpu-amd-epyc", "--dtype", "fp32"]) == 0  # the machine's costs are float32's
     trial = capsys.readouterr().out.split("trial 1/")[1].split("trial 2/")[0]
     ref, method = (float(re.search(rf"  {arm} +\d+ \w+ per sample.*: ([\d.e+]+) device-hours", trial).group(1))
                    for arm in ("ref", "method"))
-    cost = costs()["cpu"]["emu3-gen"].batches[1].seconds
+    cost = costs()["cpu-amd-epyc-fp32"]["emu3-gen"].batches[1].seconds
     assert "3523 window per sample (at the NFE 3523 of SJD App. B Fig. 10" in trial
     assert method / ref == pytest.approx(3523 * cost["window"] / (8193 * cost["step"]), rel=0.01) and method < ref
     bound, ar = Passes({"window": 8193}, at_most=True), Passes({"step": 8193})
@@ -75,7 +76,8 @@ def test_a_speculative_arm_is_priced_at_the_acceptance_its_paper_row_states(caps
 
 
 def test_a_dry_run_of_a_teacher_without_measured_costs_lists_it_unpriced(capsys):
-    assert main(["run", "--teacher", "digits-ar-c2i", "--method", "sjd", "--dry-run", "--device-kind", "cpu"]) == 0
+    assert main(["run", "--teacher", "digits-ar-c2i", "--method", "sjd", "--dry-run", "--device-kind",
+                 "cpu-amd-epyc"]) == 0
     out = capsys.readouterr().out
     assert ("not planned (teacher digits-ar-c2i's length is in no cost table and it has no random build to read it "
             "from)") in out and "1 runs not priced" in out
@@ -86,11 +88,13 @@ def test_a_dry_run_for_a_device_kind_without_costs_says_so_in_one_line(capsys):
                  "nvidia-a100-sxm4-80gb"]) == 0
     out = capsys.readouterr().out
     said = [line for line in out.splitlines() if "nvidia-a100-sxm4-80gb" in line and "no measured costs" in line]
-    assert len(said) == 1 and "kinds with costs: cpu" in said[0] and "--record" in said[0]
+    assert len(said) == 1 and "kinds with costs: cpu-amd-epyc-fp32" in said[0] and "--record" in said[0]
+    assert "'nvidia-a100-sxm4-80gb-bf16' or 'nvidia-a100-sxm4-80gb-fp32'" in said[0]  # the rows' two precisions
     assert "device-hours estimated" in out and "0 device-hours" in out and "21 runs not priced" in out
     # the passes plan stays: the positions are the cost tables' (or the random build's), whatever the device
     trial = out.split("trial 1/")[1].split("trial 2/")[0]
-    assert "  method     10 step per sample: not priced (no measured cost of var-d16 on nvidia-a100-sxm4-80gb)" in trial
+    assert "  method     10 step per sample: not priced (no measured cost of var-d16 on nvidia-a100-sxm4-80gb-fp32)" \
+        in trial
 
 
 def test_the_dry_run_of_dd_table1_draws_each_reference_once(capsys):
@@ -98,11 +102,11 @@ def test_the_dry_run_of_dd_table1_draws_each_reference_once(capsys):
     count) drawn by its first trial and read by the others, which are priced for their method arm and the latency
     protocol's calls alone."""
     assert main(["suite", str(ROOT / "suites" / "papers" / "dd-table1.yaml"), "--dry-run", "--device-kind",
-                 "cpu"]) == 0
+                 "cpu-amd-epyc"]) == 0
     out = capsys.readouterr().out
     assert "reference draws: 5 drawn for 21 trials" in out
     assert out.count("read from the cache (timed here, not drawn)") == 16
-    step = costs()["cpu"]["var-d16"].batches[1].seconds["step"]
+    step = costs()["cpu-amd-epyc-fp32"]["var-d16"].batches[1].seconds["step"]
     timed = (10 + 10) * 10 * step / 3600  # the protocol's floors, 10 scale passes each
     assert f"  ref        10 step per sample: {timed:.3g} device-hours" in out  # a reading trial's reference arm
 
@@ -352,9 +356,9 @@ def test_the_dry_run_prices_the_training_data_fit_draws_once(capsys):
     """ARD's 2.56 M trajectories (and the held-out 256): 25 DDIM steps each at the measured step cost, priced by the
     first trial that draws them and shared by the others (one trajectory cache serves every student of the suite)."""
     assert main(["suite", str(ROOT / "suites" / "papers" / "ard-table1.yaml"), "--dry-run", "--device-kind",
-                 "cpu"]) == 0
+                 "cpu-amd-epyc"]) == 0
     out = capsys.readouterr().out
-    step = costs()["cpu"]["dit-xl-2-256"].batches[1].seconds["step"]
+    step = costs()["cpu-amd-epyc-fp32"]["dit-xl-2-256"].batches[1].seconds["step"]
     hours = (2_560_000 + 256) * 25 * step / 3600
     assert out.count(f"  fit: draws 2560256 teacher trajectories first: {hours:.3g} device-hours;") == 1
     assert out.count("  fit: draws 2560256 teacher trajectories first: shared with trial 5, priced there;") == 9
