@@ -76,6 +76,7 @@ recomputes them by hand):
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -83,15 +84,18 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from core.rng import seeded
 from teachers.data.prompts import read_prompts
 from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
 from core.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
+from teachers.pretrained.hf_causal_lm import random_network
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
 DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded here
 QK_NORMS = ("self_attn.q_norm.", "self_attn.k_norm.")
 START, END, NEWLINE, SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
+BOS, PAD = "<s>", "<pad>"  # Chameleon's (lumina_mgpt/model/chameleon_vae_ori/vocab.py `VocabInfo`)
 LATENT = 16  # pixels per image token (the VQGAN downsamples 16x)
 # bump when a change alters what the same files give (2: Anole's unconditional prompt is the separator; 3: the
 # releases' 8-bit conversions)
@@ -121,6 +125,29 @@ def postprocess_levels(x: torch.Tensor) -> torch.Tensor:
 def size_token(n_grids: int) -> str:
     """Lumina-mGPT's token for a side of n_grids x 32 px (item_processor.py:104)."""
     return f"<reserved{8800 + n_grids:05d}>"
+
+
+def image_token(code: int) -> str:
+    """The vocabulary's name of a VQGAN code: its digits written A-J between IMGIMG and Z (transformers'
+    `ChameleonImageVocabularyMapping.bpe2img` reads them back)."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(code)) + "Z"
+
+
+class StandInTokenizer:
+    """What the random build (`LuminaMGPT768.random`) has for a tokenizer, no file read: the ids of its vocabulary
+    map (`stand_in_vocabulary`), and no text: a text encodes as the special tokens it holds (a prompt as its closing
+    separator; the template and the caption are not tokenized)."""
+
+    def __init__(self, vocabulary: dict[str, int], specials: list[str]):
+        self.vocabulary = vocabulary
+        self.bos_token_id, self.pad_token_id = vocabulary[BOS], vocabulary[PAD]
+        self._specials = re.compile("|".join(map(re.escape, specials)))
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.vocabulary[token]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [self.vocabulary[t] for t in self._specials.findall(text)]
 
 
 def read_chameleon(folder: Path, device: torch.device, dtype: torch.dtype):
@@ -173,7 +200,9 @@ class LuminaMGPT768(PromptedImageTeacher):
         self.image_tokens[mapping.image_tokens] = True
         self.codes = torch.zeros(self.vocab_size, dtype=torch.long, device=device)  # BPE id -> VQGAN code
         self.codes[list(mapping.bpe2img)] = torch.tensor(list(mapping.bpe2img.values()), device=device)
-        self.draft_tokens = self.image_tokens.nonzero().squeeze(1)  # random drafts: the image tokens, as SJD's release
+        # random drafts: the image tokens, as SJD's release (their sorted ids, `image_tokens.nonzero()` off the meta
+        # device, where nonzero has no shape to give)
+        self.draft_tokens = torch.tensor(mapping.image_tokens, device=device)
         layout = self.layout()
         self.seq_len = len(layout)
         # position seq_len (a window's last row predicts one past the end) is beyond the image: the separator
@@ -246,6 +275,36 @@ class LuminaMGPT768(PromptedImageTeacher):
         prompts = read_prompts(cls.prompt_path())
         info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
         return cls(name, model, vq.float().to(device), tokenizer, prompts, info)
+
+    @classmethod
+    def stand_in_vocabulary(cls) -> tuple[dict[str, int], list[str]]:
+        """The random build's vocabulary map and its special tokens: BOS, padding and the tokens this teacher's image
+        structure forces, then the VQGAN's codes under Chameleon's image-token names (`image_token`). Not the
+        release's ids (no tokenizer or config.json is read): which id a token has changes no pass and no FLOP."""
+        specials = [BOS, PAD, START, END, NEWLINE, SEPARATOR, size_token(cls.image_size // (2 * LATENT))]
+        codes = [image_token(k) for k in range(ChameleonVQConfig().n_embed)]
+        return {token: i for i, token in enumerate(specials + codes)}, specials
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "LuminaMGPT768":
+        """Chameleon 7B as `read_chameleon` builds it (transformers' `ChameleonForConditionalGeneration` without
+        its VQ-VAE encoder) and the VQGAN decoder, at full size with seeded random weights, no file read: the cost
+        mode's (`bench.cost`). The 7B is `ChameleonConfig`'s defaults, the sizes of Lumina-mGPT's own 7B module
+        (tests/fixtures/chameleon/MAKING.md: vocabulary 65536, hidden 4096, intermediate 11008, 32 layers, 32 heads;
+        Anole 7B is Chameleon 7B too); the VQGAN is `ChameleonVQConfig`'s defaults (tests/fixtures/chameleon_vqgan/
+        MAKING.md). No tokenizer or prompt file: the vocabulary is `stand_in_vocabulary`'s and the one prompt is
+        its special tokens alone (`StandInTokenizer`: BOS and the separator); the template's and the caption's tokens,
+        a few tens read once, against thousands of image tokens per row, are not counted."""
+        from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+        vocabulary, specials = cls.stand_in_vocabulary()
+        model = random_network(ChameleonForConditionalGeneration._from_config,
+                               ChameleonConfig(vocabulary_map=vocabulary), device)
+        model.model.vqmodel = None  # as `read_chameleon`: images are never encoded here
+        with seeded(0), torch.device(device):
+            vq = ChameleonVQGAN(ChameleonVQConfig())
+        info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": 1}
+        return cls(name, model, vq, StandInTokenizer(vocabulary, specials), [""], info)
 
     # ---- the ARTokenTeacher protocol (the rest: `PromptedImageTeacher`) -------------------------------------------
     def _logits(self, **inputs) -> torch.Tensor:

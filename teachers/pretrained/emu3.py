@@ -34,6 +34,7 @@ from core.cache import Cache
 from core.training import library_bars
 from teachers.data.prompts import read_prompts
 from core.checkpoints import from_folder, read_config
+from teachers.pretrained.hf_causal_lm import random_network
 from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"
@@ -42,6 +43,11 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
                    "blurry.")  # the official script's
 VERSION = 1  # bump when a change alters what the same files give
+# Emu3's special tokens by name (baaivision/Emu3 emu3/mllm/tokenization_emu3.py, `Emu3Tokenizer`'s defaults;
+# transformers' Emu3Processor names the same): begin and end of sequence, padding, image start and end, the image
+# wrapper, end of line and end of frame
+BOS, EOS, PAD, BOI, EOI, WRAPPER, EOL, EOF = ("<|extra_203|>", "<|extra_204|>", "<|endoftext|>", "<|image start|>",
+                                              "<|image end|>", "<|image token|>", "<|extra_200|>", "<|extra_201|>")
 
 
 def structure(height: int, width: int, n: int, ids: dict[str, int]) -> list[int]:
@@ -56,6 +62,31 @@ def structure(height: int, width: int, n: int, ids: dict[str, int]) -> list[int]
         else:
             out.append(ANY_IMAGE_TOKEN)
     return out
+
+
+class StandInProcessor:
+    """What the random build (`Emu3Gen.random`) has for `Emu3Processor`, no file read: it is its own tokenizer, with
+    the ids of a vocabulary map (`Emu3Gen.stand_in_vocabulary`); its generation size is the processor's own
+    (`calculate_generate_size`); and it reads no text: a prompt is the special tokens the processor adds around it,
+    BOS, the image start and the image wrapper (the text and the "H*W" size are not tokenized)."""
+
+    downsample_ratio = 8  # Emu3Processor's
+    eof_token, image_end_token = EOF, EOI
+
+    def __init__(self, vocabulary: dict[str, int]):
+        self.vocabulary, self.tokenizer = vocabulary, self
+        self.pad_token_id, self.eos_token_id = vocabulary[PAD], vocabulary[EOS]
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.vocabulary[token]
+
+    def calculate_generate_size(self, ratio: str, image_area: int, spatial_factor: int) -> tuple[int, int]:
+        from transformers import Emu3Processor
+
+        return Emu3Processor.calculate_generate_size(self, ratio, image_area, spatial_factor)  # reads no state
+
+    def __call__(self, text: str, **kwargs) -> dict[str, list[list[int]]]:
+        return {"input_ids": [[self.vocabulary[token] for token in (BOS, BOI, WRAPPER)]]}
 
 
 class Emu3Gen(PromptedImageTeacher):
@@ -110,6 +141,33 @@ class Emu3Gen(PromptedImageTeacher):
         prompts = read_prompts(cls.prompt_path())
         info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": len(prompts)}
         return cls(name, model, processor, prompts, info)
+
+    @staticmethod
+    def stand_in_vocabulary(codes: int) -> dict[str, int]:
+        """The random build's vocabulary map: the special tokens, then the VQ's `codes` under Emu3's visual-token
+        names (transformers' `Emu3ImageVocabularyMapping` reads a code from the six digits of the name). Not the
+        release's ids (no tokenizer or config.json is read): which id a token has changes no pass and no FLOP."""
+        tokens = [BOS, EOS, PAD, BOI, EOI, WRAPPER, EOL, EOF, *(f"<|visual token {k:06d}|>" for k in range(codes))]
+        return {token: i for i, token in enumerate(tokens)}
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "Emu3Gen":
+        """Emu3-Gen as `load` builds it (transformers' `Emu3ForConditionalGeneration`: the LM and the VQ-VAE) at full
+        size with seeded random weights, no file read: the cost mode's (`bench.cost`). The sizes are transformers'
+        `Emu3Config` defaults: the LM's (vocabulary 184622, hidden 4096, intermediate 14336, 32 layers, 32 heads, 8
+        key-value heads) are BAAI/Emu3-Chat's config.json, whose architecture Emu3-Gen shares (BAAI/Emu3-Gen's seven
+        float32 shards, 33.97 GB, are its 8.49 B values); the VQ-VAE's (codebook 32768, embed_dim 4, z_channels 4, ch
+        256, ch_mult [1, 2, 2, 4], 2 residual blocks, attention at 3, temporal downsampling 4) are
+        BAAI/Emu3-VisionTokenizer's config.json. No tokenizer, processor or prompt file: `StandInProcessor`, and
+        one prompt of its special tokens alone; the text's tokens (a caption, the script's suffix or negative prompt:
+        a few tens, read once, against 8193 image tokens per row) are not counted."""
+        from transformers import Emu3Config, Emu3ForConditionalGeneration, Emu3VQVAEConfig
+
+        vocabulary = cls.stand_in_vocabulary(Emu3VQVAEConfig().codebook_size)
+        model = random_network(Emu3ForConditionalGeneration._from_config, Emu3Config(vocabulary_map=vocabulary),
+                               device)
+        info = {"n_params": sum(p.numel() for p in model.parameters()), "n_prompts": 1}
+        return cls(name, model, StandInProcessor(vocabulary), [""], info)
 
     # ---- the ARTokenTeacher protocol (the rest: `PromptedImageTeacher`) -------------------------------------------
     def _logits(self, **inputs) -> torch.Tensor:

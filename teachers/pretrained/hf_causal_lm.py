@@ -17,8 +17,21 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from core.rng import seeded
 from core.samples import Texts
 from teachers.families import ar_token
+
+
+def random_network(build, config, device: torch.device) -> torch.nn.Module:
+    """`build(config, attn_implementation=...)` (a transformers class's `_from_config`, or an auto class's
+    `from_config`) with seeded random weights on `device`, no file read: the random builds of the cost mode
+    (`bench.cost`). Eager attention on the meta device: transformers' SDPA path reads the attention mask's values to
+    decide whether it may skip the mask (`masking_utils._ignore_causal_mask_sdpa`), which a meta tensor has not; eager
+    attention computes the same matrix products, the ones the cost mode counts. Elsewhere the library's default, as
+    `from_pretrained` loads it."""
+    kwargs = {"attn_implementation": "eager"} if device.type == "meta" else {}
+    with seeded(0), torch.device(device):
+        return build(config, **kwargs).eval().requires_grad_(False)
 
 
 def context_length(config) -> int:

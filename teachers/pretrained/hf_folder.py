@@ -19,15 +19,23 @@ import torch
 
 from core import files
 from core.cache import Cache
+from core.errors import UserError
 from core.training import library_bars
 from teachers.data import webtext
 from core.checkpoints import from_folder
-from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length
+from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, context_length, random_network
 from teachers.pretrained.local import LocalFilesTeacher
 
 PREFIX = "hf:"
 MAX_NEW_TOKENS = 1024  # SDTT's sequence length
 VERSION = 1  # bump when a change alters what the same folder gives
+# GPT-2's four sizes, (layers, width, heads), by the folder names of OpenAI's releases on the Hugging Face hub
+# (openai-community/gpt2, gpt2-medium, gpt2-large, gpt2-xl): layers and width as the GPT-2 paper's Table 2 gives them
+# (Radford et al. 2019), the heads as those folders' config.json (`n_head`); vocabulary 50257 and 1024 positions,
+# `GPT2Config`'s defaults, for all four. What `HFFolderLM.random` builds where the folder is absent: 124M, 355M, 774M
+# and 1558M values, the counts of openai/gpt-2's README (the paper's 117M ... 1542M were wrong, it says).
+GPT2_SIZES = {"gpt2": (12, 768, 12), "gpt2-medium": (24, 1024, 16), "gpt2-large": (36, 1280, 20),
+              "gpt2-xl": (48, 1600, 25)}
 
 
 def is_folder_name(name: str) -> bool:
@@ -100,6 +108,31 @@ class HFFolderLM(LocalFilesTeacher, HFCausalLMTeacher):
         prompts = torch.zeros(1, 0, dtype=torch.long, device=device)  # no prompt: every sample starts from BOS
         info = {"n_params": sum(p.numel() for p in network.parameters())}
         return cls(name, network, tokenizer, prompts, [], min(MAX_NEW_TOKENS, positions - 1), info, bos_id=bos)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "HFFolderLM":
+        """The folder's causal LM at full size with seeded random weights, no weights or tokenizer read: the cost
+        mode's (`bench.cost`). Its configuration is the folder's config.json where the folder is here; else, for a
+        folder named as one of GPT-2's releases, that size (`GPT2_SIZES`); any other absent folder is refused in one
+        line. Unconditional from BOS as `load` builds it: the configuration's BOS (GPT-2's `<|endoftext|>`, 50256)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config
+
+        path = folder(name, cls.root())
+        if (path / "config.json").is_file():
+            config = from_folder(AutoConfig.from_pretrained, path)
+        elif path.name in GPT2_SIZES:
+            n_layer, n_embd, n_head = GPT2_SIZES[path.name]
+            config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+        else:
+            raise UserError(f"cost mode: teacher {name}: no {path / 'config.json'} to build it from, and "
+                            f"{path.name!r} is none of GPT-2's sizes ({', '.join(GPT2_SIZES)})")
+        network = random_network(AutoModelForCausalLM.from_config, config, device)
+        bos = config.bos_token_id if config.bos_token_id is not None else config.eos_token_id
+        # as `load`: every sample starts from BOS; the empty table on the CPU, since `conditions` copies it to the
+        # generator's device, which a meta tensor cannot be copied to
+        prompts = torch.zeros(1, 0, dtype=torch.long)
+        info = {"n_params": sum(p.numel() for p in network.parameters())}
+        return cls(name, network, None, prompts, [], min(MAX_NEW_TOKENS, context_length(config) - 1), info, bos_id=bos)
 
     def reference_texts(self) -> list[str]:
         """WebText test documents of this teacher's length (MAUVE's reference side, read when MAUVE first asks)."""

@@ -50,6 +50,7 @@ import torch
 from core.cache import Cache
 from core.checkpoints import from_folder, read_config
 from core.errors import UserError
+from core.rng import seeded
 from core.training import library_bars
 from teachers.data.prompts import read_prompts
 from teachers.families import ar_token
@@ -116,9 +117,11 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
     vq_file: ClassVar[str] = VQ_FILE
 
     def __init__(self, name: str, gpt: LlamaGenGPT, vq: VQ16Decoder, t5, tokenizer, prompts: list[str], info: dict):
+        """`t5` and `tokenizer` None: no caption can be encoded, only those already in `_states` (`random`)."""
         self.name, self.info = name, info
         self.gpt, self.vq = gpt.eval().requires_grad_(False), vq.eval().requires_grad_(False)
-        self.t5, self.tokenizer, self.prompts = t5.eval().requires_grad_(False), tokenizer, prompts
+        self.t5 = None if t5 is None else t5.eval().requires_grad_(False)
+        self.tokenizer, self.prompts = tokenizer, prompts
         c = gpt.cfg
         self.seq_len, self.vocab_size, self.grid = c.seq_len, c.vocab_size, (c.grid, c.grid)
         self._states: dict[int, torch.Tensor] = {}  # prompt index -> its T5 states, valid tokens only (n, width)
@@ -165,6 +168,21 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
         info = {"n_params": sum(p.numel() for p in gpt.parameters()), "n_prompts": len(prompts)}
         return cls(name, gpt.to(device), vq.to(device), t5, tokenizer, prompts, info)
 
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "LlamaGenT2I":
+        """The GPT (GPT-XL, `t2i_config`: tests/fixtures/llamagen_t2i/GPT-XL-t2i.keys.json is the official module's
+        key set) and the VQ-16 decoder at full size with seeded random weights, no file read: the cost mode's
+        (`bench.cost`). No T5, tokenizer or prompt file: one stand-in prompt whose states are 120 zero rows, a caption
+        of all 120 positions (what `caption_embeddings` gives on the meta device). What an arm costs does not depend
+        on them: captions are encoded when `conditions` draws them, before any arm's passes (the module's
+        docstring), and the GPT reads all 120 caption positions of any caption (padding is masked, not skipped)."""
+        with seeded(0), torch.device(device):
+            gpt, vq = LlamaGenGPT(cls.config()), VQ16Decoder(cls.vq_config())
+        c = gpt.cfg
+        teacher = cls(name, gpt, vq, None, None, [""], {"n_params": sum(p.numel() for p in gpt.parameters())})
+        teacher._states[0] = torch.zeros(c.cond_len, c.caption_dim, device=device)
+        return teacher
+
     # ---- captions ---------------------------------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n, 1) prompt indices, in a random order of the prompts (`PromptSet.conditions`), their captions
@@ -178,9 +196,8 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
         """T5's last hidden states of the prompts `indices` not encoded yet, valid tokens only (T5Embedder
         `get_text_embeddings`: 120 tokens, right-padded, the attention mask given)."""
         todo = sorted(set(indices) - set(self._states))
-        device = next(self.t5.parameters()).device
         for k in range(0, len(todo), ENCODE_BATCH):
-            chunk = todo[k : k + ENCODE_BATCH]
+            chunk, device = todo[k : k + ENCODE_BATCH], next(self.t5.parameters()).device
             enc = self.tokenizer([clean_caption(self.prompts[i]) for i in chunk], max_length=self.gpt.cfg.cond_len,
                                  padding="max_length", truncation=True, add_special_tokens=True,
                                  return_attention_mask=True, return_tensors="pt").to(device)
@@ -190,11 +207,15 @@ class LlamaGenT2I(PromptSet, LlamaGenC2I):
 
     def caption_embeddings(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cond (B, 1) prompt indices -> the GPT's condition (B, 120, 2048), each caption's valid states at the end
-        and zeros before them (sample_t2i.py's left padding), and its padding (B, 120), True where padded."""
-        self._encode(cond[:, 0].tolist())
+        and zeros before them (sample_t2i.py's left padding), and its padding (B, 120), True where padded. On the
+        meta device (the cost mode's count, `bench.cost`) a condition holds no index to read: shapes only, a caption
+        of all 120 positions, which costs the GPT what any caption does (padding is masked, not skipped)."""
         c = self.gpt.cfg
         emb = torch.zeros(len(cond), c.cond_len, c.caption_dim, device=cond.device)
         padding = torch.ones(len(cond), c.cond_len, dtype=torch.bool, device=cond.device)
+        if cond.is_meta:
+            return emb, ~padding
+        self._encode(cond[:, 0].tolist())
         for row, i in enumerate(cond[:, 0].tolist()):
             states = self._states[i]
             emb[row, c.cond_len - len(states) :] = states.to(emb)

@@ -23,6 +23,7 @@ import torch
 
 from core.cache import Cache
 from core.errors import UserError
+from core.rng import seeded
 from teachers.data.images import imagenet_class_names
 from teachers.families import masked_ar
 from teachers.networks.kl16 import KL16Config, KL16Decoder, load_decoder_state
@@ -34,6 +35,9 @@ VERSION = 1  # bump when a change alters what the same files give
 SIZES = {"mar_base": dict(encoder_width=768, encoder_depth=12, encoder_heads=12),
          "mar_large": dict(encoder_width=1024, encoder_depth=16, encoder_heads=16),
          "mar_huge": dict(encoder_width=1280, encoder_depth=20, encoder_heads=16)}  # models/mar.py
+# The released DiffLoss heads, (width, depth): LTH14/mar README's evaluation commands (`--diffloss_w`, `--diffloss_d`;
+# tests/fixtures/mar/mar_keys.json holds the models built with them). The loader reads them from the files instead.
+HEADS = {"mar_base": (1024, 6), "mar_large": (1280, 8), "mar_huge": (1536, 12)}
 
 
 class MARH(LocalFilesTeacher):
@@ -107,6 +111,17 @@ class MARH(LocalFilesTeacher):
         info = {"target_n_params": sum(p.numel() for p in target.parameters()),
                 "draft_n_params": sum(p.numel() for p in draft.parameters())}
         return cls(name, target.to(device), draft.to(device), vae.to(device), info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "MARH":
+        """The target, the draft (MAR-B) and the KL-16 decoder at full size with the released heads (`HEADS`) and
+        seeded random weights, no file read: the cost mode's (`bench.cost`)."""
+        with seeded(0), torch.device(device):
+            target, draft = [MAR(cls.config(model, *HEADS[model])) for model in (cls.target_model, cls.draft_model)]
+            vae = KL16Decoder(cls.vae_config())
+        info = {"target_n_params": sum(p.numel() for p in target.parameters()),
+                "draft_n_params": sum(p.numel() for p in draft.parameters())}
+        return cls(name, target, draft, vae, info)
 
     # ---- the MaskedARTeacher protocol -----------------------------------------------------------------------
     def conditions(self, n: int, generator: torch.Generator) -> torch.Tensor:

