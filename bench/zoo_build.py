@@ -1,14 +1,16 @@
-"""The model zoo: the trained entries the demo needs, built from the project's own recipes and shipped with it.
+"""The model zoo: the trained entries the demo and the field suite need, built from the project's own recipes and
+shipped with it.
 
-The demo (`suites/default.yaml`) runs every method on its tiny teacher; training those teachers and the DD, ARD and
-SDTT students takes over an hour on 2 CPU cores. `build` trains them from scratch in an empty cache (the zoo off) by
-doing, for every distinct trial of the suite, what the runner does before it samples (load the teacher, `fit` the
+The demo (`suites/default.yaml`) runs every method on its tiny teacher, the field suite (`suites/field.yaml`) every
+method of the field on the tiny AR-token and VAR teachers; training those teachers and the DD, ARD and SDTT students
+takes over an hour on 2 CPU cores. `build` trains them from scratch in an empty cache (the zoo off) by doing, for every
+distinct trial of the suites, what the runner does before it samples (load the teacher, `fit` the
 method, build its extra arms), then writes every cache entry of the zoo's kinds into `zoo/`: the entry's bytes
 xz-compressed, with its kind, key (the hash of the recipe that made it), what it is, size, sha256 and the trials whose
 fit asked for it (a teacher, loaded once per process, names the first) in `zoo/manifest.json`, and the command, code
 version and time that built it. `core.cache.Cache` takes an entry from there when kind and key
-match (`core.cache.ModelZoo`); `tests/test_zoo.py` fails when the demo would have to train anything the zoo should hold,
-i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
+match (`core.cache.ModelZoo`); `tests/test_zoo.py` fails when either suite would have to train anything the zoo should
+hold, i.e. when a recipe changed and the zoo was not rebuilt (`accelbench zoo build`, `make zoo`).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ ZOO_KINDS = ("teachers", "dd-students", "dd-pairs", "ard-students", "sdtt-ema", 
 # tests/test_datasets.py on every run. Building the zoo needs the dataset (`apt-get install dataset-fashion-mnist`).
 ZOO_EXTRACTORS = (("fashion-mnist", 28),)
 DEMO_SUITE = PROJECT_ROOT / "suites" / "default.yaml"
+ZOO_SUITES = (DEMO_SUITE, PROJECT_ROOT / "suites" / "field.yaml")  # what the zoo serves
 COMMAND = "accelbench zoo build"
 
 
@@ -79,9 +82,9 @@ class _Recording(Cache):
         return super().get_or_build(kind, key, build)
 
 
-def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = None, progress: bool = True,
+def build(suites: list[Suite], out: Path = PROJECT_ZOO, *, cache_dir: Path | None = None, progress: bool = True,
           extractors: tuple[tuple[str, int], ...] = ZOO_EXTRACTORS) -> dict:
-    """Train everything `suite` needs, and the classifiers of `extractors` ((dataset, image size) pairs), in an empty
+    """Train everything `suites` need, and the classifiers of `extractors` ((dataset, image size) pairs), in an empty
     cache, then write the zoo's kinds of it to `out`; the manifest."""
     t0, code = time.perf_counter(), git_sha()  # the code that trains, before anything else can change it
     with tempfile.TemporaryDirectory(prefix="accelbench-zoo-") as tmp:
@@ -90,8 +93,8 @@ def build(suite: Suite, out: Path = PROJECT_ZOO, *, cache_dir: Path | None = Non
         # is read as what this build trained
         reused = sum(1 for kind in ZOO_KINDS for _ in (cache.root / kind).glob("*.pt"))
         with progress_bars(progress):
-            for p in tqdm(distinct(suite.plans), desc="zoo: trials' teachers and students", unit="trial",
-                          disable=not progress):
+            plans = distinct(tuple(p for suite in suites for p in suite.plans))
+            for p in tqdm(plans, desc="zoo: trials' teachers and students", unit="trial", disable=not progress):
                 cache.current = run_name(p).rsplit(" s", 1)[0]  # e.g. "sdtt[divergence=kld,rounds=2,...] wordnet-mdlm"
                 prepare(p, cache)
             for dataset, size in extractors:

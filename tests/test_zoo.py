@@ -11,7 +11,7 @@ import torch
 from core.cache import PROJECT_ZOO, Cache, ModelZoo, config_key
 from bench.suite import load_suite
 from tests.fakes import NO_CHECKPOINTS
-from bench.zoo_build import DEMO_SUITE, ZOO_EXTRACTORS, ZOO_KINDS, build, distinct, prepare
+from bench.zoo_build import ZOO_EXTRACTORS, ZOO_KINDS, ZOO_SUITES, build, distinct, prepare
 from metrics.extractors import EXTRACTOR_VERSION, classifier_recipe, load_classifier
 
 CPU = torch.device("cpu")
@@ -36,7 +36,7 @@ def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_r
         {"teacher": "digits-ar-c2i", "method": "dd",
          "params": {"n_pairs": 32, "train_steps": 2, "batch": 8, "solver_steps": 2}},
         {"teacher": "digits-ar-c2i", "method": "onestep*", "params": {"n_pairs": 32, "solver_steps": 2}}]}))
-    manifest = build(load_suite(str(suite), checkpoints=NO_CHECKPOINTS), tmp_path / "zoo", progress=False,
+    manifest = build([load_suite(str(suite), checkpoints=NO_CHECKPOINTS)], tmp_path / "zoo", progress=False,
                      extractors=(("digits", 16),))  # the shipped zoo's is Fashion-MNIST's: a minute, and its dataset
     kinds = sorted({e["kind"] for e in manifest["entries"]})
     assert kinds == ["dd-pairs", "dd-students", "extractors", "teachers"] and len(manifest["entries"]) == 5
@@ -58,12 +58,13 @@ def test_a_built_zoo_is_taken_by_the_cache_and_a_changed_recipe_is_caught(tiny_r
         prepare(plans[0], ZooOnly(tmp_path / "fresh", zoo=ModelZoo(tmp_path / "zoo")))
 
 
-def test_the_shipped_zoo_holds_what_the_demo_needs(tmp_path):
+@pytest.mark.parametrize("suite", ZOO_SUITES, ids=lambda p: p.stem)
+def test_the_shipped_zoo_holds_what_the_suites_need(suite, tmp_path):
     manifest = json.loads((PROJECT_ZOO / "manifest.json").read_text())
     assert manifest["total_xz_bytes"] <= ZOO_LIMIT_MB * 2**20
     assert sum((PROJECT_ZOO / e["file"]).stat().st_size for e in manifest["entries"]) == manifest["total_xz_bytes"]
     cache = ZooOnly(tmp_path, zoo=ModelZoo(PROJECT_ZOO))
-    for p in distinct(load_suite(str(DEMO_SUITE), checkpoints=NO_CHECKPOINTS).plans):
+    for p in distinct(load_suite(str(suite), checkpoints=NO_CHECKPOINTS).plans):
         prepare(p, cache)
     # the classifiers it holds besides, at their recipes' current keys (no dataset needed to key them)
     held = {(e["kind"], e["key"]) for e in manifest["entries"]}

@@ -129,7 +129,8 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
     def start(self, cond: torch.Tensor, *, cfg: float) -> tuple[PromptedState, torch.Tensor]:
         from transformers import DynamicCache
 
-        rows = [self.prompt_ids[i] for i in cond[:, 0].tolist()]
+        # on the meta device (the cost mode's count) a condition has no value: every row reads the first prompt
+        rows = [self.prompt_ids[i] for i in ([0] * len(cond) if cond.is_meta else cond[:, 0].tolist())]
         if cfg != 1.0:
             rows += [self.unconditional_prompt] * len(rows)
         P, device = max(map(len, rows)), cond.device
