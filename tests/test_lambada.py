@@ -15,7 +15,9 @@ from lm_eval.api.model import LM
 
 from cli import main
 from metrics import lambada
-from metrics.lambada import CausalHarnessLM, MDLMHarnessLM, evaluate, hf_lm, write_official_task, write_task
+from metrics.lambada import evaluate, hf_lm, write_official_task, write_task
+from metrics import lambada_models
+from metrics.lambada_models import CausalHarnessLM, MDLMHarnessLM
 from teachers import load_teacher
 from teachers.families import masked_diffusion as md
 from teachers.pretrained import smollm2
@@ -165,7 +167,7 @@ def release_eval(denoise, prefix: torch.Tensor, suffix: torch.Tensor, seed: int,
     suffix_mask[:-1] = MASK
     greedy = denoise(torch.cat([prefix, suffix_mask])[None])[0, :, :-1].argmax(-1)
     correct = bool((greedy[-len(suffix):-1] == suffix[:-1]).all())
-    n, eps, eps_t = lambada.ELBO_SAMPLES, 1e-3, 1e-5
+    n, eps, eps_t = lambada_models.ELBO_SAMPLES, 1e-3, 1e-5
     g = torch.Generator().manual_seed(seed)
     t = (1 - eps_t) * ((torch.rand(1, generator=g) + torch.linspace(0, 1, n + 1)[:-1]) % 1) + eps_t
     sigma, dsigma = -torch.log1p(-(1 - eps) * t), (1 - eps) / (1 - (1 - eps) * t)
