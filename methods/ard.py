@@ -38,7 +38,7 @@ from core.shards import Field, Shards
 from core.training import ema_update, optimizer_step, warmup_cosine
 from methods.ard_gan import GAN_VERSION, finetune
 from methods.ard_student import MASKS, TIME_EMBEDS, ARDStudent
-from methods.base import Method, Passes
+from methods.base import Method, Passes, Training
 from teachers.families import ode_diffusion
 
 STUDENT_VERSION = 1  # bump when training code changes what a config produces
@@ -250,19 +250,10 @@ class ARD(Method):
             return tuple(t.to(device) for t in trajs.pairs(idx.cpu(), self.knots, c.target))
 
         g = torch.Generator(device).manual_seed(c.train_seed)
-        with seeded(c.train_seed):
-            student = self._new_student()
-        ema = self._new_student().requires_grad_(False)
-        ema.load_state_dict(student.state_dict())
-        opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
-        sched = warmup_cosine(opt, c.train_steps)
-        net = world.data_parallel(student)
+        student, ema, iteration = self._trainer(world)
         for k in range(c.train_steps):
-            inputs, targets, y = batch(torch.randint(trajs.n, (c.batch,), generator=g, device=device)
-                                       [world.rank :: world.size])
-            loss = F.mse_loss(net(inputs, y), targets)  # Eq. 6, averaged over the S steps
-            optimizer_step(loss, opt, sched, student.parameters())
-            ema_update(ema, student, c.ema, k)
+            loss = iteration(k, *batch(torch.randint(trajs.n, (c.batch,), generator=g, device=device)
+                                       [world.rank :: world.size]))
         info = {"trajectory_seconds": traj_seconds, "train_loss": loss.item(),
                 "n_params": sum(p.numel() for p in student.parameters())}
         if c.gan_steps:
@@ -273,6 +264,44 @@ class ARD(Method):
                              on_step=lambda k: ema_update(ema, student, c.ema, c.train_steps + k))
         info["train_seconds"] = time.perf_counter() - t0
         return {"state_dict": {k: v.cpu() for k, v in ema.state_dict().items()}, "info": info}
+
+    def _trainer(self, world: distributed.World):
+        """The student (seeded by `train_seed`), its EMA and the iteration of Eq. 6 on a batch: (student, ema,
+        iteration(k, inputs, targets, classes) -> loss)."""
+        c = self.config
+        with seeded(c.train_seed):
+            student = self._new_student()
+        ema = self._new_student().requires_grad_(False)
+        ema.load_state_dict(student.state_dict())
+        opt = torch.optim.AdamW(student.parameters(), lr=c.lr, weight_decay=0.0)
+        sched = warmup_cosine(opt, c.train_steps)
+        net = world.data_parallel(student)
+
+        def iteration(k: int, inputs: torch.Tensor, targets: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            loss = F.mse_loss(net(inputs, y), targets)  # Eq. 6, averaged over the S steps
+            optimizer_step(loss, opt, sched, student.parameters())
+            ema_update(ema, student, c.ema, k)
+            return loss
+
+        return student, ema, iteration
+
+    @classmethod
+    def training(cls, config: ARDConfig, family, length: int) -> Training:
+        """`train_steps` iterations of `batch` trajectories; a step's cost is set by the student's steps S (S x the
+        teacher's tokens in one teacher-forced pass) and the N layers that read the history. The R+D fine-tune
+        (`gan_steps`) is not in it: its discriminator reads real images no full-size teacher here has."""
+        S = config.student_steps  # one step reads no history: N does not matter
+        return Training(config.train_steps, config.batch, f"train ard S={S}" + (
+            f" N={config.history_layers}" if S > 1 else ""))
+
+    def train_step(self, batch: int, generator: torch.Generator):
+        c, shape = self.config, self.teacher.image_shape
+        device = self.teacher.network.pos_embed.device
+        _, _, iteration = self._trainer(distributed.World())
+        inputs, targets = (torch.randn(batch, c.student_steps, *shape, generator=generator).to(device)
+                           for _ in range(2))  # (B, S, C, H, W): noise and knots, the knots' successors
+        y = torch.randint(self.teacher.n_classes, (batch,), generator=generator).to(device)
+        return lambda: iteration(0, inputs, targets, y)
 
     def _flops(self) -> dict[str, float]:
         """FLOPs of one image: a student step (mean over the S steps, KV cache included) and a teacher forward."""

@@ -7,7 +7,7 @@ a sampling setting (`core.config.build_config` refuses the config class).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +31,18 @@ class Passes:
 
     counts: dict[str, float] = field(default_factory=dict)
     at_most: bool = False
+
+
+@dataclass(frozen=True)
+class Training:
+    """What `fit`'s training costs, as a dry run prices it (`Method.training`): `iterations` optimiser steps of
+    `batch` samples (the global batch), each sample's share of a step priced by the measured cost of `kind` (seconds
+    per sample per iteration, timed by the cost mode: `Method.train_step`). A kind names what a step's cost depends on
+    ("train ard S=4 N=6"), so one measured step prices exactly the trainings that run it."""
+
+    iterations: int
+    batch: int
+    kind: str
 
 
 class Method:
@@ -77,6 +89,20 @@ class Method:
         """The teacher samples `fit` draws as training data before it trains (ARD's trajectories, DD's pairs), for a
         dry run to price: (what they are, how many, the passes of each), or None when it draws none."""
         return None
+
+    @classmethod
+    def training(cls, config: Any, family: Family, length: int) -> Training | None:
+        """What `fit` trains under `config`, for a dry run to price: its iterations, global batch and the kind of step
+        (`Training`); None when it trains nothing (a released student, a training-free method, a table counted from
+        teacher samples). A method that declares it implements `train_step` (the contract test checks)."""
+        return None
+
+    def train_step(self, batch: int, generator: torch.Generator) -> Callable[[], None]:
+        """One training iteration of `training(...)`'s kind on `batch` samples, as `fit` runs it (the same loss,
+        optimiser and EMA update, on a fresh student built as `fit` builds it), on random inputs of the data's shapes
+        drawn by `generator` (on the CPU): the cost mode times it (`bench.cost.time_training`), for an iteration costs
+        the same whatever the data and weights. Returns the call; building it is not part of what is timed."""
+        raise NotImplementedError(f"{type(self).__name__} trains nothing")
 
     @classmethod
     def batch_refusal(cls, teacher_cls: type, batch_size: int) -> str | None:

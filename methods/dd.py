@@ -51,7 +51,7 @@ from core.rng import seeded
 from core.samples import Samples
 from core.training import ema_decay, optimizer_step, warmup_cosine
 from methods import dd_released
-from methods.base import Method, Passes
+from methods.base import Method, Passes, Training
 from methods.dd_pairs import PairKnobs, generate_pairs, rollout
 from methods.dd_student import DDStudent, VARDDStudent
 from teachers.families import ar_token, multiscale_vq
@@ -274,33 +274,63 @@ class DD(Method):
         t0 = time.perf_counter()
         device = self.teacher.codebook.device
         g = torch.Generator(device).manual_seed(cfg.train_seed)
+        tokens, noise, cond = pairs.tokens.long(), pairs.noise, pairs.cond
         with seeded(cfg.train_seed):  # dropout and new-module init draw from the global generators
-            student = self._new_student(cfg.dropout)
-            ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
-            params = [p for p in student.parameters() if p.requires_grad]
-            opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-            sched = warmup_cosine(opt, cfg.train_steps)
-            known_at = torch.tensor([0, self.known[self.t2 - 1]], device=device)  # of the trained set {1, t2} (L = 2)
-            tokens, noise, cond = pairs.tokens.long(), pairs.noise, pairs.cond
-            net, n, C = world.data_parallel(student), tokens.shape[1], student.codebook.shape[1]
+            student, ema, known_at, iteration = self._trainer(world)
             mine = slice(world.rank, None, world.size)
             for _ in range(cfg.train_steps):
                 idx = torch.randint(len(tokens), (cfg.batch,), generator=g, device=device).cpu()
                 known = known_at[torch.randint(len(known_at), (cfg.batch,), generator=g, device=device)]
-                share = (n * cfg.batch - known.sum()) / world.size  # the global batch's targets, per rank
+                share = (tokens.shape[1] * cfg.batch - known.sum()) / world.size  # the global batch's targets, per rank
                 idx, known = idx[mine], known[mine]
-                batch = tokens[idx].to(device)  # (B / ranks, n)
-                x, is_data = student.inputs(batch, noise.read("noise", idx).to(device), known)  # from disk
-                logits, emb = net(cond[idx].to(device), x, is_data)
-                target = ~is_data  # the copied prefix carries no loss (Eq. 6 makes it exact)
-                ce = F.cross_entropy(logits[target], batch[target], reduction="sum") / share
-                mse = F.mse_loss(emb[target], student.codebook[batch[target]], reduction="sum") / (share * C)
-                loss = cfg.ce_weight * ce + mse
-                optimizer_step(loss, opt, sched, params)
-                ema.update_parameters(student)
+                ce, mse = iteration(cond[idx].to(device), tokens[idx].to(device),  # (B / ranks, n)
+                                    noise.read("noise", idx).to(device), known, share)  # the noise from disk
         info = {**pairs_info, "train_seconds": time.perf_counter() - t0, "train_ce": ce.item(),
-                "train_mse": mse.item(), "n_params": sum(p.numel() for p in params)}
+                "train_mse": mse.item(), "n_params": sum(p.numel() for p in student.parameters() if p.requires_grad)}
         return {"state_dict": {k: v.cpu() for k, v in ema.module.state_dict().items()}, "info": info}
+
+    def _trainer(self, world: distributed.World):
+        """The student (under the caller's seed), its EMA, the known counts of the trained set {1, t2} and the
+        iteration of Algorithm 2 on a batch: (student, ema, known_at, iteration(cond, tokens, noise, known, share) ->
+        (ce, mse)); `share` is the global batch's count of targets per rank, each loss term's divisor."""
+        cfg, device = self.config, self.teacher.codebook.device
+        student = self._new_student(cfg.dropout)
+        ema = AveragedModel(student, avg_fn=_ema_with_warmup(cfg.ema), use_buffers=True)
+        params = [p for p in student.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        sched = warmup_cosine(opt, cfg.train_steps)
+        known_at = torch.tensor([0, self.known[self.t2 - 1]], device=device)  # (L = 2)
+        net, C = world.data_parallel(student), student.codebook.shape[1]
+
+        def iteration(cond, batch, noise, known, share) -> tuple[torch.Tensor, torch.Tensor]:
+            x, is_data = student.inputs(batch, noise, known)
+            logits, emb = net(cond, x, is_data)
+            target = ~is_data  # the copied prefix carries no loss (Eq. 6 makes it exact)
+            ce = F.cross_entropy(logits[target], batch[target], reduction="sum") / share
+            mse = F.mse_loss(emb[target], student.codebook[batch[target]], reduction="sum") / (share * C)
+            optimizer_step(cfg.ce_weight * ce + mse, opt, sched, params)
+            ema.update_parameters(student)
+            return ce, mse
+
+        return student, ema, known_at, iteration
+
+    @classmethod
+    def training(cls, config: DDConfig, family, length: int) -> Training | None:
+        """`train_steps` iterations of `batch` pairs, each a student pass over every position and its backward (the
+        same whatever t2 and the split); none for a released student."""
+        return None if config.student else Training(config.train_steps, config.batch, "train dd")
+
+    def train_step(self, batch: int, generator: torch.Generator):
+        cfg, t, device = self.config, self.teacher, self.teacher.codebook.device
+        with seeded(cfg.train_seed):
+            student, _, known_at, iteration = self._trainer(distributed.World())
+        B, n, C = batch, t.seq_len, student.codebook.shape[1]
+        cond = t.conditions(B, generator).to(device)
+        tokens = torch.randint(t.vocab_size, (B, n), generator=generator).to(device)
+        noise = torch.randn(B, n, C, generator=generator).to(device)
+        known = known_at[torch.arange(B, device=device) % 2]  # half from noise, half from t2: the trained set
+        share = n * B - known.sum()
+        return lambda: iteration(cond, tokens, noise, known, share)
 
     @torch.inference_mode()
     def sample(self, cond: torch.Tensor, *, generator: torch.Generator) -> Samples:

@@ -47,7 +47,7 @@ from core.rng import seeded
 from core.samples import Samples
 from core.training import ema_update, optimizer_step
 from methods import sdtt_released as released
-from methods.base import Method, Passes, TeacherSampler
+from methods.base import Method, Passes, TeacherSampler, Training
 from teachers import load_teacher, teacher_class
 from teachers.families import ar_token
 from teachers.families import masked_diffusion as md
@@ -252,8 +252,7 @@ class SDTT(Method):
         if cfg.batch % world.size:
             raise UserError(f"sdtt: batch {cfg.batch} (the global batch) must divide over the {world.size} ranks")
         batch, seed = cfg.batch // world.size, cfg.train_seed * 1000 + r + RANK_SEED_STRIDE * world.rank
-        mask_id, T = self.teacher.mask_id, cfg.sampling.steps // cfg.distill_steps ** (r - 1)
-        delta = (1 - md.SAMPLING_EPS) / T
+        T = cfg.sampling.steps // cfg.distill_steps ** (r - 1)
         data = self.teacher.training_chunks(cache)  # on the teacher's device, where everything below runs
         g = torch.Generator(data.device).manual_seed(seed)
         with seeded(seed):  # dropout draws from the global generators
@@ -266,29 +265,63 @@ class SDTT(Method):
                 opt.load_state_dict(prev["opt"])
             step0 = (r - 1) * cfg.iters_per_round
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (step0 + s + 1) / max(1, cfg.lr_warmup)))
-            teacher = copy.deepcopy(student).eval().requires_grad_(False)
-            net, losses = world.data_parallel(student), []
+            iteration = self._iteration(student, ema, opt, sched, T, world)
+            losses = []
             for i in range(cfg.iters_per_round):
                 x = data[torch.randint(len(data), (batch,), generator=g, device=data.device)]
-                t = md.antithetic_times(batch, g, data.device)
-                z = md.corrupt(x, t, mask_id, g)
-                target = teacher_targets(lambda v: md.subs(teacher(v), v, mask_id), z, t, delta, cfg.distill_steps,
-                                         mask_id, g)
-                masked = z == mask_id
-                if not masked.any() and world.size == 1:
-                    continue
-                logp = md.subs(net(z), z, mask_id)
-                # a rank with nothing masked still joins the step (DDP averages every rank's gradients): a zero loss
-                loss = (divergence(logp[masked], target[masked], cfg.divergence) if masked.any() else
-                        logp.sum() * 0.0)
-                optimizer_step(loss, opt, sched, student.parameters())
-                ema_update(ema, student, cfg.ema, step0 + i)
-                losses.append(loss.item())
+                if (loss := iteration(x, g, step0 + i)) is not None:
+                    losses.append(loss.item())
         k = max(1, len(losses) // 10)  # first and last tenth of the round
         info = {"loss_start": sum(losses[:k]) / k, "loss_end": sum(losses[-k:]) / k, "teacher_steps": T,
                 "seconds": time.perf_counter() - t0}
         return {"student": _cpu(student.state_dict()), "ema": _cpu(ema.state_dict()), "opt": _cpu(opt.state_dict()),
                 "info": info}
+
+    def _iteration(self, student, ema, opt, sched, T: int, world: distributed.World):
+        """Algorithm 2's iteration in a round whose teacher takes T steps (the student as it starts the round is that
+        teacher): iteration(x, g, k) -> the loss on chunks x (B, L) drawing from g at global step k, None where nothing
+        was masked (one process skips that batch)."""
+        cfg, mask_id, delta = self.config, self.teacher.mask_id, (1 - md.SAMPLING_EPS) / T
+        teacher = copy.deepcopy(student).eval().requires_grad_(False)
+        net = world.data_parallel(student)
+
+        def iteration(x: torch.Tensor, g: torch.Generator, k: int) -> torch.Tensor | None:
+            t = md.antithetic_times(len(x), g, x.device)
+            z = md.corrupt(x, t, mask_id, g)
+            target = teacher_targets(lambda v: md.subs(teacher(v), v, mask_id), z, t, delta, cfg.distill_steps,
+                                     mask_id, g)
+            masked = z == mask_id
+            if not masked.any() and world.size == 1:
+                return None
+            logp = md.subs(net(z), z, mask_id)
+            # a rank with nothing masked still joins the step (DDP averages every rank's gradients): a zero loss
+            loss = divergence(logp[masked], target[masked], cfg.divergence) if masked.any() else logp.sum() * 0.0
+            optimizer_step(loss, opt, sched, student.parameters())
+            ema_update(ema, student, cfg.ema, k)
+            return loss
+
+        return iteration
+
+    @classmethod
+    def training(cls, config: SDTTConfig, family, length: int) -> Training | None:
+        """`rounds` x `iters_per_round` iterations of `batch` chunks, each the teacher's `distill_steps` passes (no
+        gradient) for the targets, then a student pass and its backward; none for a released student."""
+        if config.student:
+            return None
+        return Training(config.rounds * config.iters_per_round, config.batch,
+                        f"train sdtt m={config.distill_steps}")
+
+    def train_step(self, batch: int, generator: torch.Generator):
+        cfg, net = self.config, self.teacher.network
+        device = next(net.parameters()).device
+        student = copy.deepcopy(net).train().requires_grad_(True)
+        ema = copy.deepcopy(net).requires_grad_(False)
+        opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        iteration = self._iteration(student, ema, opt, sched, cfg.sampling.steps, distributed.World())
+        x = torch.randint(self.teacher.mask_id, (batch, self.teacher.seq_len), generator=generator).to(device)
+        g = torch.Generator(device).manual_seed(int(torch.randint(2 ** 31, (1,), generator=generator)))
+        return lambda: iteration(x, g, 0)
 
     def stand_in(self) -> None:
         """The student is the teacher's network (a released student too: `sdtt_released.load` checks it is)."""

@@ -127,6 +127,15 @@ def test_method_entry(name, tmp_path):
             standing = cls(teacher, fast)
             standing.stand_in()
             assert standing.sample(cond, generator=torch.Generator().manual_seed(5)).data.shape == out.data.shape
+            # a declared training is what the cost mode times: an iteration of it runs at any batch size
+            if (training := cls.training(fast, family, 0)) is not None:
+                assert cls.trains(fast) and training.iterations >= 1 and training.batch >= 1
+                assert training.kind.startswith("train ")
+                step = standing.train_step(2, torch.Generator().manual_seed(0))
+                step()
+                step()
+            else:
+                assert cls.train_step is Method.train_step, f"{cls.__name__} times a training it does not declare"
             # What a dry run plans is what the method counts: its declared passes bound (or equal) its NFE.
             length = len(teacher.patch_nums) if family == multiscale_vq.FAMILY else getattr(teacher, "seq_len", 0)
             planned = cls.passes(fast, family, length)["method"]
