@@ -133,20 +133,24 @@ def build(p: Plan, device: torch.device, *, cache) -> tuple[Any, dict[str, Any]]
     """The teacher at full size with random weights on `device` (a tiny teacher: loaded) and the trial's arms around
     it (its extra arms too: SDTT's GPT-2 and same-steps arms), each method's students standing in with random
     weights. Returns (teacher, {arm: method})."""
+    teacher = full_size(p, device, cache=cache)
+    method = p.method_cls(teacher, p.config)
+    method.stand_in()
+    extra = method.extra_arms(cache=cache, device=device, checkpoints=p.checkpoints,
+                              random=getattr(p.teacher_cls, "random", None) is not None)
+    return teacher, {"ref": TeacherSampler(teacher, p.sampling), "method": method, **extra}
+
+
+def full_size(p: Plan, device: torch.device, *, cache):
+    """The trial's teacher at full size with random weights on `device` (a tiny teacher of the zoo: loaded)."""
     t = p.trial
     random = getattr(p.teacher_cls, "random", None)
     if random is not None:
-        teacher = random(t.teacher, device)
-    elif getattr(p.teacher_cls, "checkpoints", None) is None:  # a zoo teacher: its files are the project's own
-        teacher = load_teacher(t.teacher, cache=cache, device=device, checkpoints=p.checkpoints,
-                               params=t.teacher_params)
-    else:
-        built = ", ".join(sorted(_random_teachers()))
-        raise UserError(f"cost mode: teacher {t.teacher!r} has no full-size random build yet; it has one: {built}")
-    method = p.method_cls(teacher, p.config)
-    method.stand_in()
-    extra = method.extra_arms(cache=cache, device=device, checkpoints=p.checkpoints, random=random is not None)
-    return teacher, {"ref": TeacherSampler(teacher, p.sampling), "method": method, **extra}
+        return random(t.teacher, device)
+    if getattr(p.teacher_cls, "checkpoints", None) is None:  # a zoo teacher: its files are the project's own
+        return load_teacher(t.teacher, cache=cache, device=device, checkpoints=p.checkpoints, params=t.teacher_params)
+    built = ", ".join(sorted(_random_teachers()))
+    raise UserError(f"cost mode: teacher {t.teacher!r} has no full-size random build yet; it has one: {built}")
 
 
 def _random_teachers() -> list[str]:
@@ -288,13 +292,55 @@ def time_calls(arms: dict[str, Any], cond: torch.Tensor, t, protocol: LatencyPro
     return measure({name: call(arm) for name, arm in arms.items()}, protocol, device, len(cond))
 
 
+# A training iteration is timed with at most 3 warm-up and 5 timed calls of the protocol's: each call is a full
+# optimiser step (seconds at full size), the first one or two pay for the allocator and the optimiser's state.
+TRAIN_WARMUP, TRAIN_COUNT = 3, 5
+
+
+def time_training(p: Plan, protocol: LatencyProtocol, *, cache, at_most: int | None = None) -> ArmCost | None:
+    """One training iteration of the trial's `fit` (`Method.train_step`: the same loss, optimiser and EMA) at full
+    size, random weights, on the trial's device in float32 (as `fit` trains, whatever the trial's dtype), at the
+    training's global batch, halved while it runs out of memory (a global batch is split over GPUs; per sample, a
+    smaller batch costs at least as much: an upper bound, priced as such), or at `at_most` samples (a CPU's hand
+    measurement). None when `fit` trains nothing. The arm is "train"; its latency is seconds per iteration of its
+    batch."""
+    t = p.trial
+    teacher = full_size(p, p.device, cache=cache)  # no stand-in, no other arm: the memory is the training's
+    training = p.method_cls.training(p.config, p.teacher_cls.family, teacher_length(teacher))
+    if training is None:
+        return None
+    method = p.method_cls(teacher, p.config)
+    calls = dataclasses.replace(protocol, warmup=min(protocol.warmup, TRAIN_WARMUP),
+                                min_count=min(protocol.min_count, TRAIN_COUNT), min_seconds=0.0,
+                                max_count=min(protocol.max_count, TRAIN_COUNT))
+    batch = min(training.batch, at_most or training.batch)
+    while True:
+        try:
+            with precision.tf32(p.device, False):  # `bench.runner` fits outside the trial's TF32 and autocast
+                step = method.train_step(batch, torch.Generator().manual_seed(t.seed))
+                latency = measure({"train": step}, calls, p.device, batch)["train"]
+            break
+        except torch.OutOfMemoryError:
+            if batch == 1:
+                raise
+            batch, step = (batch + 1) // 2, None  # the failed call's student and optimiser go before the retry
+            torch.cuda.empty_cache()
+    how = f"timed: one {training.kind} iteration of batch {batch}" + (
+        f" (the training's is {training.batch})" if batch != training.batch else "")
+    return ArmCost("train", None, None, {}, how, latency, teacher_length(teacher))
+
+
 def cost(p: Plan, *, cache, latency: LatencyProtocol | None) -> dict[str, ArmCost]:
-    """Every arm's cost (`count`, and `time_arms` when `latency` is given)."""
+    """Every arm's cost (`count`, and `time_arms` when `latency` is given), and with `latency` the training's
+    iteration as the arm "train" (`time_training`) where `fit` trains."""
     arms = count(p, cache=cache)
     if latency is None:
         return arms
     times = time_arms(p, latency, cache=cache)
-    return {name: dataclasses.replace(a, latency=times[name].latency) for name, a in arms.items()}
+    arms = {name: dataclasses.replace(a, latency=times[name].latency) for name, a in arms.items()}
+    if p.method_cls.trains(p.config) and (train := time_training(p, latency, cache=cache)) is not None:
+        arms["train"] = train
+    return arms
 
 
 @dataclass(frozen=True)
@@ -309,14 +355,21 @@ class Record:
 def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]:
     """Each timed arm whose passes are of one kind (`Method.passes`; a speculative arm's bound is not a count) as
     that kind's seconds per pass of one sample at the timed batch, into `<folder>/<kind>.recorded.yaml` (the device
-    kind: this machine and the trial's precision) under the teacher and the batch size, beside what was there.
-    Returns what was recorded ("ref: step at batch 1")."""
+    kind: this machine and the trial's precision) under the teacher and the batch size, beside what was there; the
+    training's iteration (the arm "train") as its `Training.kind`'s seconds per sample, under the machine's float32
+    kind. Returns what was recorded ("ref: step at batch 1")."""
     family, t = p.teacher_cls.family, p.trial
-    kind = device_kind(device_machine(p.device), t.dtype)
-    path = record.folder / f"{kind}.recorded.yaml"
-    data = read_yaml_mapping(str(path), "cost table") if path.exists() else {"kind": kind, "teachers": {}}
     done = []
+    if (train := arms.get("train")) is not None and train.latency is not None:
+        # `fit` trains in float32 whatever the trial's dtype: its step is filed under the machine's float32 kind
+        training = p.method_cls.training(p.config, family, train.length)
+        _record(p, record, "fp32", train.length, train.latency.batch,
+                {training.kind: train.latency.median / train.latency.batch}, "training")
+        done.append(f"train: {training.kind} at batch {train.latency.batch}")
+    passes_of = {}
     for name, a in arms.items():
+        if name == "train":
+            continue
         passes = (TeacherSampler.passes(p.sampling, family, a.length)["method"] if name == "ref" else
                   p.method_cls.passes(p.config, family, a.length)[name])
         if a.latency is None or len(passes.counts) != 1 or passes.at_most:
@@ -329,19 +382,33 @@ def record_costs(p: Plan, arms: dict[str, ArmCost], record: Record) -> list[str]
         if pass_kind == "step" and name != "ref" and not (name == "method" and issubclass(p.method_cls,
                                                                                            TeacherSampler)):
             continue
-        teacher = data["teachers"].setdefault(t.teacher, {"length": a.length, "batches": {}})
-        entry = teacher["batches"].setdefault(a.latency.batch, {"seconds": {}})
-        entry["seconds"][pass_kind] = a.latency.median / a.latency.batch / n
-        device = torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else cpu_model()
-        entry["device"] = (f"{device}, {precision.describe(p.device, t.dtype, t.tf32, t.compile)}, "
-                           f"{torch.get_num_threads()} threads, the latency protocol")
-        entry["command"] = record.command
-        done.append(f"{name}: {pass_kind} at batch {a.latency.batch}")
-    if done:
-        record.folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(RECORDED_HEADER + yaml.safe_dump(data, sort_keys=True, width=1000))
-        costs.cache_clear()
+        passes_of.setdefault((a.length, a.latency.batch), []).append((name, pass_kind, a.latency.median / n))
+    for (length, batch), timed in passes_of.items():
+        _record(p, record, t.dtype, length, batch, {k: s / batch for _, k, s in timed})
+        done += [f"{name}: {k} at batch {batch}" for name, k, _ in timed]
     return done
+
+
+def _record(p: Plan, record: Record, dtype: str, length: int, batch: int, seconds: dict[str, float],
+            section: str = "batches") -> None:
+    """`seconds` (kind of pass -> seconds per pass of one sample, timed at `batch` in `dtype`) written into the
+    recorded cost table of this machine and `dtype` under the trial's teacher (its `section`: the passes' batches,
+    or its training's), beside what was there."""
+    t = p.trial
+    kind = device_kind(device_machine(p.device), dtype)
+    path = record.folder / f"{kind}.recorded.yaml"
+    data = read_yaml_mapping(str(path), "cost table") if path.exists() else {"kind": kind, "teachers": {}}
+    teacher = data["teachers"].setdefault(t.teacher, {"length": length, "batches": {}})
+    entry = teacher.setdefault(section, {}).setdefault(batch, {"seconds": {}})
+    entry["seconds"].update(seconds)
+    device = torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else cpu_model()
+    tf32 = t.tf32 and dtype == t.dtype  # training runs without TF32
+    entry["device"] = (f"{device}, {precision.describe(p.device, dtype, tf32, t.compile and dtype == t.dtype)}, "
+                       f"{torch.get_num_threads()} threads, the latency protocol")
+    entry["command"] = record.command
+    record.folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(RECORDED_HEADER + yaml.safe_dump(data, sort_keys=True, width=1000))
+    costs.cache_clear()
 
 
 RECORDED_HEADER = ("# Written by the cost mode (`accelbench suite FILE --cost --latency --record`): seconds per "

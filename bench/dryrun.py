@@ -12,6 +12,7 @@ trained, loaded or logged.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from core.latency import LatencyProtocol
 from core.paper import TEXT_KEYS
 from core.trial import MAX_COUNT
 from bench.plan import Plan
-from methods.base import Passes, TeacherSampler
+from methods.base import Passes, TeacherSampler, Training
 
 COSTS = Path(__file__).with_name("costs")  # one file per device kind (a hand-measured one, a recorded one)
 FREE_KINDS = ("lookup",)
@@ -42,16 +43,19 @@ class Entry:
 
 @dataclass(frozen=True)
 class Cost:
-    """One teacher's measured cost at full size on one device kind, by batch size."""
+    """One teacher's measured cost at full size on one device kind, by batch size: its passes (`batches`), and the
+    training iterations of its trainers (`training`: seconds per sample per iteration by `Training.kind`)."""
 
     length: int  # positions the sampler steps over: tokens generated, or a multi-scale teacher's scales
     batches: dict[int, Entry]
+    training: dict[int, Entry] = dataclasses.field(default_factory=dict)
 
-    def at(self, batch: int) -> tuple[Entry, int] | None:
+    def at(self, batch: int, training: bool = False) -> tuple[Entry, int] | None:
         """The entry for `batch`, else the largest measured batch below it (per sample it costs at least as much:
-        an upper bound), else None."""
-        below = [b for b in self.batches if b <= batch]
-        return (self.batches[max(below)], max(below)) if below else None
+        an upper bound), else None; of the training iterations with `training`."""
+        entries = self.training if training else self.batches
+        below = [b for b in entries if b <= batch]
+        return (entries[max(below)], max(below)) if below else None
 
 
 def device_machine(device) -> str:
@@ -86,7 +90,8 @@ def _entry(data: Any, where: str) -> Entry:
 @functools.cache
 def costs(folder: Path = COSTS) -> dict[str, dict[str, Cost]]:
     """Device kind -> teacher -> its measured cost, from every YAML file in `folder` (`kind:`, `teachers:`); a
-    recorded file's batches (`<kind>.recorded.yaml`, read after the hand-measured one) replace the same batches."""
+    recorded file's batches (`<kind>.recorded.yaml`, read after the hand-measured one) replace the same batches, its
+    training entries (a teacher's `training:`, by batch) the same training batches."""
     out: dict[str, dict[str, Cost]] = {}
     for path in sorted(folder.glob("*.yaml"), key=lambda f: (f.name.endswith(".recorded.yaml"), f.name)):
         data = read_yaml_mapping(str(path), "cost table")
@@ -97,10 +102,13 @@ def costs(folder: Path = COSTS) -> dict[str, dict[str, Cost]]:
             where = f"cost table {path}: teacher {teacher!r}"
             if not isinstance(entry, dict) or not isinstance(entry.get("batches"), dict) or "length" not in entry:
                 raise UserError(f"{where} needs length and batches (batch size: entry)")
+            if not isinstance(entry.get("training", {}), dict):
+                raise UserError(f"{where}: training needs batch size: entry")
             old = out.setdefault(kind, {}).get(teacher)
-            batches = {**(old.batches if old else {}),
-                       **{int(b): _entry(e, f"{where}, batch {b}") for b, e in entry["batches"].items()}}
-            out[kind][teacher] = Cost(int(entry["length"]), batches)
+            merged = [{**(getattr(old, section) if old else {}),
+                       **{int(b): _entry(e, f"{where}, {section} batch {b}")
+                          for b, e in entry.get(section, {}).items()}} for section in ("batches", "training")]
+            out[kind][teacher] = Cost(int(entry["length"]), *merged)
     return out
 
 
@@ -163,6 +171,8 @@ class TrialCost:
     # the training data `fit` draws from the teacher (`Method.generates`): (what, how many, seconds or None, a key
     # that names the same data drawn by another trial)
     data: tuple[str, int, float | None, tuple] | None = None
+    # the training `fit` runs (`training_cost`): it, its seconds (None: not measured), what priced it, what measured it
+    train: tuple[Training, float | None, str, str] | None = None
 
     @property
     def seconds(self) -> float | None:
@@ -215,8 +225,9 @@ def estimate(p: Plan, warmup: int, machine: str, protocol: LatencyProtocol = Lat
             seconds += n * sum(c * entry.seconds.get(k, 0.0) for k, c in priced.items())
         out.append(ArmCost(arm, passes, None if unpriced else seconds, tuple(sorted(unpriced)), tuple(at), basis))
     data = None
+    train = training_cost(p, machine, length, folder)
     if cost is None:
-        return TrialCost(p, samples, tuple(out), None)
+        return TrialCost(p, samples, tuple(out), None, train=train)
     if generated := p.method_cls.generates(p.config, family, cost.length):
         what, n, passes = generated
         found = cost.at(t.batch_size)  # drawn at the trial's batch size, as the samplers are
@@ -224,7 +235,29 @@ def estimate(p: Plan, warmup: int, machine: str, protocol: LatencyProtocol = Lat
         priced = entry is not None and set(passes.counts) <= set(entry.seconds) | set(FREE_KINDS)
         seconds = n * sum(c * entry.seconds.get(k, 0.0) for k, c in passes.counts.items()) if priced else None
         data = (what, n, seconds, (t.teacher, what, n, repr(p.sampling)))
-    return TrialCost(p, samples, tuple(out), cost, tuple(sorted(devices)), data)
+    return TrialCost(p, samples, tuple(out), cost, tuple(sorted(devices)), data, train)
+
+
+def training_cost(p: Plan, machine: str, length: int, folder: Path = COSTS) -> tuple[Training, float | None, str,
+                                                                                    str] | None:
+    """The trial's training (`Method.training`) priced as iterations x batch x the measured seconds per sample of its
+    kind of step, on `machine` in float32 (`fit` trains in float32 whatever the trial's dtype: `bench.runner`), at its
+    batch or the largest measured batch below it (an upper bound). Returns (the training, its seconds or None, what
+    priced it or why it is not priced, what measured it); None when `fit` trains nothing."""
+    training = p.method_cls.training(p.config, p.teacher_cls.family, length)
+    if training is None:
+        return None
+    kind = device_kind(machine, "fp32")
+    cost = costs(folder).get(kind, {}).get(p.trial.teacher)
+    found = cost.at(training.batch, training=True) if cost is not None else None
+    if found is None or training.kind not in found[0].seconds:
+        return training, None, (f"no measured {training.kind!r} of {p.trial.teacher} on {kind} at a batch <= "
+                                f"{training.batch}: time it with `--cost --latency --record` on that machine"), ""
+    entry, measured = found
+    seconds = training.iterations * training.batch * entry.seconds[training.kind]
+    how = f"{training.kind} at batch {measured}'s cost per sample" + (
+        ", an upper bound" if measured != training.batch else "")
+    return training, seconds, how, f"{entry.device} ({entry.command})"
 
 
 def _hours(seconds: float | None) -> str:
@@ -255,7 +288,8 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
     total, unpriced, devices = 0.0, 0, set()
     drawn: dict[tuple, int] = {}  # training data already priced, by key -> the trial that draws it first
     references: dict[str, int] = {}  # reference draws (`Plan.reference_draws`) -> the trial that draws them
-    data_unpriced = 0
+    data_unpriced = train_unpriced = 0
+    trained: dict[tuple, int] = {}  # trainings already priced, by the student's settings -> the first trial
     for i, (p, needed) in enumerate(entries, 1):
         t = p.trial
         first = None if p.tasks or not t.latency_batch else references.setdefault(p.reference_draws(), i)
@@ -292,14 +326,24 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
             what, n, seconds, key = est.data
             shared = drawn.get(key)
             lines.append(f"  fit: draws {n} teacher {what} first: " + (
-                f"shared with trial {shared}, priced there" if shared else _hours(seconds)) + "; the training on "
-                "them is not priced")
+                f"shared with trial {shared}, priced there" if shared else _hours(seconds)))
             if not shared:
                 drawn[key] = i
                 total += seconds or 0.0
                 data_unpriced += seconds is None
-        elif p.method_cls.trains(p.config):
-            lines.append("  fit: trains before sampling; not priced")
+        if est.train is not None:
+            training, seconds, how, measured = est.train
+            # a student is cached by its settings: the trials that share them (seeds) train it once
+            shared = trained.setdefault((t.teacher, t.method, repr(p.config)), i)
+            text = (f"shared with trial {shared}, priced there" if shared != i else
+                    f"{_hours(seconds)} ({how})" if seconds is not None else f"not priced ({how})")
+            lines.append(f"  fit: trains {training.iterations} iterations of batch {training.batch}: {text}")
+            if shared == i:
+                total += seconds or 0.0
+                train_unpriced += seconds is None
+                devices.update([measured] if measured else [])
+        elif p.method_cls.trains(p.config) and est.data is None:
+            lines.append("  fit: trains before sampling; not priced (the method states no training)")
         if p.tasks or est.seconds is None:
             unpriced += 1
         else:
@@ -312,11 +356,12 @@ def report(title: str, checkpoints: Path, entries: list[tuple[Plan, list[Needed]
         lines.append(f"reference draws: {len(references)} drawn for {len(shared)} trials timed at a latency batch "
                      f"(those under the same reference settings read the first one's from the cache)")
     lines += [f"total: {len(entries)} runs, {sum(not n for n in seen.values())} of {len(seen)} files missing, "
-              f"{_hours(total)} estimated for sampling and the teacher samples fit draws, on "
+              f"{_hours(total)} estimated for sampling, the teacher samples fit draws and the training, on "
               f"{' and '.join(kinds)}{wall}"
               + (f" ({unpriced} runs not priced)" if unpriced else "")
-              + (f" ({data_unpriced} trials' training data not priced)" if data_unpriced else ""),
-              *(f"  per-pass costs measured on {d}" for d in sorted(devices)),
+              + (f" ({data_unpriced} trials' training data not priced)" if data_unpriced else "")
+              + (f" ({train_unpriced} trainings not priced)" if train_unpriced else ""),
+              *(f"  costs measured on {d}" for d in sorted(devices)),
               "  A cost is seconds per pass of one sample, measured at full size at a batch size (random weights: "
               "the cost does not depend on them), times passes times samples; an arm is priced at its own batch size, "
               "or at the largest measured batch below it (an upper bound: batching lowers the cost per sample), and "

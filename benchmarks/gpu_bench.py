@@ -19,6 +19,10 @@ What a lent box's minutes buy, and what a killed run keeps:
   CV still flags an arm noisy within its own calls;
 - a row that raises (out of memory, a file the random build still reads, a bug) is listed in the table with its
   one-line error, and the rows after it run;
+- a row whose `fit` trains also times one training iteration (`bench.cost.time_training`: float32, the paper's
+  global batch, halved while it runs out of memory), once per teacher and kind of iteration (ARD's seven kinds), and
+  records it for the dry run's training price; in the table, "training iteration" among the other arms, in ms per
+  sample of its batch;
 - the table and the recorded costs are written after every row;
 - no row starts once the time budget (`--budget`, 8 minutes) is spent; the rows not reached are listed.
 Rows whose teacher has no full-size random build, lm-eval rows, and rows that repeat a setting already timed are
@@ -35,8 +39,13 @@ timed calls, 8 t when t >= 0.1 s and about 0.5 s + 3 t below.
   (not given: at most L's) 40 s, skip-106 8 x 2.94 = 23.5 s, skip-156 8 x 1.95 = 15.6 s, VAR-d16 AR 8 x 0.133 =
   1.1 s and d20, d24 (not given) about 1.5 s each, skip-1 and skip-2 (0.113, 0.098 s) 0.9 s each, the two onestep*
   (table lookups) 0.5 s each, the ten DD rows (21-43 ms) 0.6 s each: 132 s.
-So the two tables take 183 s of timed calls, about 3 minutes, plus planning the suites (seconds) and building each
-of their 35 rows' networks at random on the GPU (about a second a row, not measured on an H100): about 4 minutes.
+- ARD's seven kinds of training iteration (no paper latency: from FLOPs): an iteration is S x 119 GMACs a sample
+  forward, about 3x that with the backward, over the global batch (S x batch = 256 in every row): 183 TFLOPs, 2.7 s
+  at an H100's 67 float32 TFLOPS (training runs without TF32), 8 calls each: about 22 s a kind, 150 s, more where a
+  batch runs out of memory and is halved (its activations at batch 64 exceed 80 GB).
+So the two tables take 183 s of timed calls and ARD's trainings about 150 s, 5.5 minutes, plus planning the suites
+(seconds) and building each of their 35 rows' networks at random on the GPU (about a second a row, not measured on an
+H100): about 7 minutes.
 SDTT and SJD give no latency in seconds (Fig. 22 is a plot, SJD's tables give ratios), so the rest is not derived:
 on a bare box the rows whose networks are transformers models (SDTT's GPT-2 arm, Emu3, Lumina-mGPT, Anole) fail in
 seconds with "No module named 'transformers'", and LlamaGen-T2I's AR rows draw 256 or 1,024 tokens an image at batch
@@ -59,8 +68,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cost import ArmCost, Record, record_costs, time_arms_once  # noqa: E402
-from bench.dryrun import COSTS, device_machine  # noqa: E402
+from bench.cost import ArmCost, Record, record_costs, time_arms_once, time_training  # noqa: E402
+from bench.dryrun import COSTS, device_machine, positions  # noqa: E402
 from bench.plan import Plan, run_name  # noqa: E402
 from bench.suite import load_suite  # noqa: E402
 from core import files  # noqa: E402
@@ -79,6 +88,7 @@ class Row:
     plan: Plan
     arms: dict[str, ArmCost] | None = None  # timed
     error: str | None = None  # or what it raised, in one line
+    train_error: str | None = None  # what timing its training's iteration raised, in one line
 
 
 def main() -> None:
@@ -105,6 +115,7 @@ def main() -> None:
         path.write_text(table(rows, reached, skipped, device, protocol, time.monotonic() - start, final))
 
     timed: dict = {}  # every arm's latency, once per setting (`time_arms_once`)
+    trained: dict = {}  # every training iteration's (`time_training`), once per teacher and kind
     cache, reached = Cache(args.cache_dir), 0
     write(reached, final=False)
     for row in rows:
@@ -122,6 +133,22 @@ def main() -> None:
             gc.collect()  # the row's networks, before the next row's are built
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if row.arms is not None and (training := row.plan.method_cls.training(
+                row.plan.config, row.plan.teacher_cls.family, positions(row.plan) or 0)) is not None:
+            try:  # its own failure (a batch that does not fit even halved) keeps the row's sampling latencies
+                key = (row.plan.trial.teacher, training.kind)  # one iteration's cost, whatever else the row sets
+                if key not in trained:
+                    trained[key] = time_training(row.plan, protocol, cache=cache)
+                    record_costs(row.plan, {"train": trained[key]}, record)
+                row.arms["train"] = trained[key]
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                row.train_error = one_line(exc)
+            finally:
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
         reached += 1
         write(reached, final=False)
         print(f"{row.suite}: {run_name(row.plan)}: " + (f"failed: {row.error}" if row.error else ", ".join(
@@ -194,7 +221,9 @@ def table(rows: list[Row], reached: int, skipped: list[str], device, protocol: L
         m, r = row.arms["method"], row.arms["ref"]
         ours, ref = m.latency.median / m.latency.batch, r.latency.median / r.latency.batch
         flag = " ⚠" if m.latency.noisy or r.latency.noisy else ""
-        others = ", ".join(f"{n} {ms(a)}" for n, a in row.arms.items() if n not in ("method", "ref")) or "—"
+        others = ", ".join([*(f"{'training iteration' if n == 'train' else n} {ms(a)}" for n, a in row.arms.items()
+                              if n not in ("method", "ref")),
+                            *([f"training iteration failed: {row.train_error}"] if row.train_error else [])]) or "—"
         lines.append(f"| {row.suite} | {run_name(row.plan)} | {m.latency.batch} | {ms(m)} "
                      f"({1000 * m.latency.p90 / m.latency.batch:.3g}, {m.latency.cv:.1f} %){flag} | {ms(r)} | "
                      f"{ref / ours:.2f}× | {others} | {papers} |")
@@ -208,8 +237,10 @@ def table(rows: list[Row], reached: int, skipped: list[str], device, protocol: L
 
 
 def ms(a: ArmCost, unit: str = "") -> str:
-    """An arm's median ms per sample, ° when its timing is another arm's (`time_arms_once`)."""
-    return f"{1000 * a.latency.median / a.latency.batch:.3g}{unit}" + ("" if a.how == "timed" else " °")
+    """An arm's median ms per sample (a training iteration's: per sample of its batch), ° when its timing is another
+    arm's (`time_arms_once`)."""
+    own = a.how == "timed" or a.how.startswith("timed: one ")  # `time_training`'s
+    return f"{1000 * a.latency.median / a.latency.batch:.3g}{unit}" + ("" if own else " °")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from core.paper import COST_KEYS
 from reports.tables import TrialRun, natural, shown_knobs
 
 LATENCY = "latency_per_sample_median"
+TRAIN_LABEL = "training iteration (ms / sample / iteration)"
 
 
 def _count(n: float | None) -> str:
@@ -43,7 +44,8 @@ def _latency(m: dict, prefix: str = "") -> str:
 def cost_table(runs: list[TrialRun]) -> list[str]:
     """A row per cost run (the latest of each setting), the method arm's figures beside the paper's and the reference
     arm's FLOPs and latency as speed-ups; below it a row per extra arm of the run (SDTT's GPT-2 and same-steps
-    arms), its own figures against the same reference arm."""
+    arms), its own figures against the same reference arm, and one for the training's iteration where it was timed
+    (`bench.cost.time_training`: its latency is seconds per sample per iteration)."""
     latest: dict = {}
     for r in sorted(runs, key=lambda r: r.start_time_ms):
         latest[(r.teacher, r.method, tuple(sorted(r.knobs.items())), r.seed)] = r
@@ -55,14 +57,15 @@ def cost_table(runs: list[TrialRun]) -> list[str]:
         r = latest[key]
         m, paper = r.metrics, r.paper
         ref_gmacs = m.get("ref/gmacs_per_sample")
-        extra = sorted({k.split("/")[0] for k in m if k.endswith("/gmacs_per_sample")} - {"ref"})
+        extra = sorted({k.split("/")[0] for k in m if k.endswith(("/gmacs_per_sample", "/" + LATENCY))} - {"ref"})
         for arm in ["", *extra]:
             prefix, mine = (f"{arm}/", {}) if arm else ("", paper)
             gmacs = m.get(prefix + "gmacs_per_sample")
             how = r.tags.get(f"cost.how.{arm or 'method'}", "") or (
                 f"not counted: {r.tags.get(SKIPPED_TAG, 'no arm was counted')}")
             lines.append("| " + " | ".join([
-                r.teacher, f"{r.method}: {arm} arm" if arm else r.method, shown_knobs(r, list(latest.values())),
+                r.teacher, f"{r.method}: {TRAIN_LABEL if arm == 'train' else arm + ' arm'}" if arm else r.method,
+                shown_knobs(r, list(latest.values())),
                 _num(m.get(prefix + NFE_PER_SAMPLE), 1), _num(mine.get("nfe"), 0) if "nfe" in mine else "—",
                 _count(m.get(prefix + COST_KEYS["params"])), _count(mine.get("params")),
                 _delta(m.get(prefix + COST_KEYS["params"]), mine.get("params")),

@@ -3,6 +3,7 @@ architectures counted at full size on the meta device, and the CLI end to end (a
 from pathlib import Path
 
 import pytest
+import yaml
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -91,12 +92,15 @@ def test_cost_mode_end_to_end(tiny_recipe, tmp_path, fresh_store, capsys):
 
 
 def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_path, fresh_store, capsys):
-    """`--cost --record` writes each timed arm's per-pass cost at its batch; the dry run then prices the teacher and
-    the method arms in exactly the ratio the cost mode measured, and prints it."""
+    """`--cost --record` writes each timed arm's per-pass cost at its batch, and the training's iteration per sample
+    at its batch under the machine's float32 kind (`fit` trains in float32 whatever the trial's dtype); the dry run
+    then prices the teacher and the method arms in exactly the ratio the cost mode measured, and the training as its
+    iterations x batch x that cost."""
     from bench.dryrun import costs, device_kind, device_machine, estimate
 
     folder, store = tmp_path / "costs", fresh_store
-    trial = ["--teacher", "digits-dit-c2i", "--method", "ard", "--param", "steps=8"]
+    trial = ["--teacher", "digits-dit-c2i", "--method", "ard", "--param", "steps=8", "--param", "batch=16",
+             "--dtype", "bf16"]
     assert cli.main(["run", *trial, "--cost", "--record", "--costs", str(folder), "--latency-batch", "2",
                      "--latency-warmup", "1", "--latency-min-count", "3", "--latency-min-seconds", "0",
                      "--tracking-uri", store, "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
@@ -104,21 +108,29 @@ def test_recorded_costs_price_a_dry_run_in_the_measured_ratio(tiny_recipe, tmp_p
     client = MlflowClient(store)
     (run,) = client.search_runs([client.get_experiment_by_name("accelbench").experiment_id])
     m = run.data.metrics
-    machine = device_machine(torch.device("cpu"))  # the kind: this machine, float32 (the trial's dtype)
-    entry = costs(folder)[device_kind(machine, "fp32")]["digits-dit-c2i"].batches[2]
+    machine = device_machine(torch.device("cpu"))  # the kind: this machine, bfloat16 (the trial's dtype)
+    entry = costs(folder)[device_kind(machine, "bf16")]["digits-dit-c2i"].batches[2]
+    trained = costs(folder)[device_kind(machine, "fp32")]["digits-dit-c2i"].training[16]
+    assert trained.seconds == {"train ard S=4 N=1": pytest.approx(m["train/latency_per_sample_median"], rel=1e-9)}
+    assert device_kind(machine, "fp32") not in costs(folder) or not costs(folder)[device_kind(machine, "fp32")][
+        "digits-dit-c2i"].batches  # the sampling arms' float32 costs are not guessed from bfloat16 ones
     assert entry.seconds["step"] == pytest.approx(m["ref/latency_per_sample_median"] / 8, rel=1e-9)
     assert entry.seconds["student_step"] == pytest.approx(m["latency_per_sample_median"] / 4, rel=1e-9)
-    assert "--record" in entry.command and run.data.tags["cost.recorded"] == ("ref: step at batch 2, "
-                                                                              "method: student_step at batch 2")
+    assert "--record" in entry.command and run.data.tags["cost.recorded"] == (
+        "train: train ard S=4 N=1 at batch 16, ref: step at batch 2, method: student_step at batch 2")
+    assert "fp32, no tf32" in trained.device
     capsys.readouterr()
     dry = ["run", *trial, "--n-samples", "10", "--batch-size", "2", "--warmup", "0", "--dry-run", "--device-kind",
            machine, "--costs", str(folder)]
     assert cli.main(dry) == 0
     out = capsys.readouterr().out
     assert "estimated:" in out and "an upper bound)" not in out
+    hours = 2000 * 16 * trained.seconds["train ard S=4 N=1"] / 3600
+    assert f"  fit: trains 2000 iterations of batch 16: {hours:.3g} device-hours (train ard S=4 N=1 at batch 16's" \
+        in out
     with files.audit():
-        p = plan(Trial(teacher="digits-dit-c2i", method="ard", params={"steps": 8}, n_samples=10, batch_size=2),
-                 checkpoints=Path("/nonexistent"))
+        p = plan(Trial(teacher="digits-dit-c2i", method="ard", params={"steps": 8, "batch": 16}, n_samples=10,
+                       batch_size=2, dtype="bf16"), checkpoints=Path("/nonexistent"))
     arms = {a.arm: a.seconds for a in estimate(p, 0, machine, folder=folder).arms}
     assert arms["ref"] / arms["method"] == pytest.approx(
         m["ref/latency_per_sample_median"] / m["latency_per_sample_median"], rel=1e-9)
@@ -156,3 +168,25 @@ def test_ard_table1_gflops_rows_are_reproduced_on_the_meta_device(ard_table1, ro
         if p.trial.method == "ddim":
             assert round(sum(a.params.values()), -6) == 675e6
     assert checked == n
+
+
+def test_the_training_cost_script_prints_each_kind_of_iteration_once(tiny_recipe, tmp_path, monkeypatch, capsys):
+    """`benchmarks/train_step_cost.py SUITE --batch N`: the cost-table line of every distinct (teacher, kind) of
+    training in the suite, timed by the cost mode's own `time_training` at at most N samples; rows that train nothing
+    (a teacher's own sampler) or repeat a kind (two seeds, a knob that leaves the iteration alone) print nothing."""
+    import runpy
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": "t", "seeds": [0, 1], "defaults": {"teacher": "digits-dit-c2i"},
+                                     "trials": [{"method": "ddim"}, {"method": "kd"},
+                                                {"method": "ard", "params": {"student_steps": 2}},
+                                                {"method": "ard", "params": {"student_steps": 2, "mask": "M3"}}]}))
+    monkeypatch.setattr("sys.argv", ["train_step_cost.py", str(suite), "--batch", "2", "--repeats", "1", "--threads",
+                                     "1", "--cache-dir", str(tmp_path / "cache")])
+    runpy.run_path(str(Path(__file__).resolve().parent.parent / "benchmarks" / "train_step_cost.py"),
+                   run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[:4] for line in lines] == [
+        ["digits-dit-c2i", "training", "2", "'train ard S=1'"],
+        ["digits-dit-c2i", "training", "2", "'train ard S=2 N=1'"]]
+    assert all(float(line.split(": ")[4].split()[0]) > 0 for line in lines)

@@ -2,6 +2,7 @@
 what torch itself imports), PyYAML and the project's own packages, and nothing else (no numpy, no tqdm, no metric
 library, not even the gpu wheels: `make gpu-bench` does not put them on the path), on the CPU at a reduced size."""
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -68,15 +69,15 @@ TEACHERS.register("broken-dit", BrokenDiT)
 def test_gpu_bench_runs_on_a_bare_interpreter_at_a_reduced_size(tiny_recipe, tmp_path, monkeypatch, capsys):
     """Every row timed under the protocol but the broken one, listed with its one-line error; ARD's reference arm
     (DDIM at 8 steps) timed once for its two rows and a `ddim` row's method arm read from its reference arm's timing;
-    the per-pass costs recorded for the dry run; the table beside the paper's numbers. With no budget left, every row
-    is listed as not reached."""
+    each ARD row's training iteration timed; the per-pass and training costs recorded for the dry run; the table
+    beside the paper's numbers. With no budget left, every row is listed as not reached."""
     cache = tmp_path / "cache"
     load_teacher("digits-dit-c2i", cache=Cache(cache), device=torch.device("cpu"), checkpoints=tmp_path)  # trained
     suite = tmp_path / "tiny.yaml"
     trials = [{"method": "ddim", "params": {"steps": 4}, "paper": {"latency": 0.5, "gflops": 1.0, "source": "T1"}},
               {"teacher": "broken-dit", "method": "ddim", "params": {"steps": 4}},
-              {"method": "ard", "params": {"steps": 8, "student_steps": 2}},
-              {"method": "ard", "params": {"steps": 8, "student_steps": 4}}]
+              {"method": "ard", "params": {"steps": 8, "student_steps": 2, "batch": 16}},
+              {"method": "ard", "params": {"steps": 8, "student_steps": 4, "batch": 16}}]
     suite.write_text(yaml.safe_dump({"experiment": "tiny", "trials": trials, "defaults": {
         "teacher": "digits-dit-c2i", "latency_batch": 2, "metrics": ["fid"]}}))  # planned without its metrics
     bare = tmp_path / "bare"
@@ -100,9 +101,12 @@ def test_gpu_bench_runs_on_a_bare_interpreter_at_a_reduced_size(tiny_recipe, tmp
     assert ddim[3].startswith(ddim[4] + " ° (") and ddim[5] == "1.00×" and ddim[7:] == ["500", "—", "1 |"]  # = ref
     first, second = (lines[ard.format(s)].split(" | ") for s in (2, 4))
     assert "°" not in first[4] and second[4] == first[4] + " °"  # DDIM-8 timed once, for the first ard row
+    assert all(re.fullmatch(r"training iteration [\d.e+-]+", row[6]) for row in (first, second))  # each its own kind
     assert "Not reached" not in text
     kind = device_kind(MACHINE, "fp32")  # this machine, the rows' float32
     assert set(costs(tmp_path / "costs")[kind]["digits-dit-c2i"].batches[2].seconds) == {"step", "student_step"}
+    assert set(costs(tmp_path / "costs")[kind]["digits-dit-c2i"].training[16].seconds) == {"train ard S=2 N=1",
+                                                                                          "train ard S=4 N=1"}
 
     monkeypatch.setattr("sys.argv", ["gpu_bench.py", *argv, "--budget", "0", "--suites", str(_without_broken(suite))])
     runpy.run_path(str(ROOT / "benchmarks" / "gpu_bench.py"), run_name="__main__")  # spent before the first row

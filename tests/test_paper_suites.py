@@ -360,5 +360,52 @@ def test_the_dry_run_prices_the_training_data_fit_draws_once(capsys):
     out = capsys.readouterr().out
     step = costs()["cpu-amd-epyc-fp32"]["dit-xl-2-256"].batches[1].seconds["step"]
     hours = (2_560_000 + 256) * 25 * step / 3600
-    assert out.count(f"  fit: draws 2560256 teacher trajectories first: {hours:.3g} device-hours;") == 1
-    assert out.count("  fit: draws 2560256 teacher trajectories first: shared with trial 5, priced there;") == 9
+    assert out.count(f"  fit: draws 2560256 teacher trajectories first: {hours:.3g} device-hours\n") == 1
+    assert out.count("  fit: draws 2560256 teacher trajectories first: shared with trial 5, priced there\n") == 9
+
+
+def test_ards_dry_run_total_includes_the_students_training(capsys):
+    """Each student's 300 k iterations at its batch, priced at the measured float32 iteration of its kind (S, N) per
+    sample, and the total is the sum of the sampling, the trajectories and the trainings."""
+    assert main(["suite", str(ROOT / "suites" / "papers" / "ard-table1.yaml"), "--dry-run", "--device-kind",
+                 "cpu-amd-epyc"]) == 0
+    out = capsys.readouterr().out
+    training = costs()["cpu-amd-epyc-fp32"]["dit-xl-2-256"].training[1]
+    trial = out.split("trial 12/")[1].split("trial 13/")[0]  # ARD (N = 6), M4, 4 steps, batch 64
+    hours = 300_000 * 64 * training.seconds["train ard S=4 N=6"] / 3600
+    assert (f"  fit: trains 300000 iterations of batch 64: {hours:.3g} device-hours (train ard S=4 N=6 at batch 1's "
+            f"cost per sample, an upper bound)") in trial
+    assert f"  costs measured on {training.device} ({training.command})" in out
+    assert out.count("  fit: trains 300000 iterations of batch ") == 10 and "not priced" not in out
+    parts = [float(x) for x in re.findall(r"(?:estimated|first|batch \d+): ([\d.e+]+) device-hours", out)]
+    total = float(re.search(r"total: 14 runs, \d+ of \d+ files missing, ([\d.e+]+) device-hours estimated for "
+                            r"sampling, the teacher samples fit draws and the training", out).group(1))
+    assert len(parts) == 14 + 1 + 10 and total == pytest.approx(sum(parts), rel=0.01)
+    trainings = [float(x) for x in re.findall(r"fit: trains \d+ iterations of batch \d+: ([\d.e+]+) device-hours", out)]
+    assert len(trainings) == 10 and sum(trainings) > 0.5 * total  # on a CPU, the trainings are most of it
+
+
+def test_a_training_is_priced_once_per_student_and_unmeasured_kinds_say_so(tmp_path, capsys):
+    """Two seeds of one student train it once (its cache key holds no trial seed); a kind of iteration with no
+    measurement is not priced, named with the machine and how to measure it, and counted in the total's line."""
+    folder = tmp_path / "costs"
+    folder.mkdir()
+    (folder / "cpu-x-fp32.yaml").write_text(yaml.safe_dump({"kind": "cpu-x-fp32", "teachers": {"dit-xl-2-256": {
+        "length": 256, "batches": {1: {"seconds": {"step": 1.0, "student_step": 0.5}, "device": "d", "command": "c"}},
+        "training": {2: {"seconds": {"train ard S=2 N=1": 3.0}, "device": "d2", "command": "c2"}}}}}))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"experiment": "t", "seeds": [0, 1], "defaults": {
+        "teacher": "dit-xl-2-256", "n_samples": 10, "batch_size": 10}, "trials": [
+            {"method": "ard", "params": {"student_steps": 2, "n_traj": 10, "train_steps": 100, "batch": 4}},
+            {"method": "kd", "params": {"n_traj": 10, "train_steps": 100, "batch": 4}}]}))
+    assert main(["suite", str(suite), "--dry-run", "--device-kind", "cpu-x", "--costs", str(folder)]) == 0
+    out = capsys.readouterr().out
+    priced = 100 * 4 * 3.0 / 3600  # batch 4 at batch 2's cost per sample
+    assert out.count(f"  fit: trains 100 iterations of batch 4: {priced:.3g} device-hours (train ard S=2 N=1 at "
+                     f"batch 2's cost per sample, an upper bound)") == 1
+    assert "  costs measured on d2 (c2)" in out
+    assert out.count("  fit: trains 100 iterations of batch 4: shared with trial 1, priced there") == 1
+    assert out.count("  fit: trains 100 iterations of batch 4: not priced (no measured 'train ard S=1' of "
+                     "dit-xl-2-256 on cpu-x-fp32 at a batch <= 4: time it with `--cost --latency --record` on that "
+                     "machine)") == 1
+    assert "(1 trainings not priced)" in out
