@@ -235,7 +235,7 @@ class LinearGaussianMaskedModel:
     def __init__(self, chain: LinearGaussianModel):
         self.chain = chain
 
-    def condition(self, tokens, known, cond, *, guided):
+    def condition(self, tokens, known, cond, *, guided, known_count=None):
         B, N, D = tokens.shape
         k = known[..., None].float()
         mean = self.chain.rho * (tokens * k).sum(1) / k.sum(1).clamp(min=1)  # (B, D)

@@ -190,3 +190,21 @@ def test_the_training_cost_script_prints_each_kind_of_iteration_once(tiny_recipe
         ["digits-dit-c2i", "training", "2", "'train ard S=1'"],
         ["digits-dit-c2i", "training", "2", "'train ard S=2 N=1'"]]
     assert all(float(line.split(": ")[4].split()[0]) > 0 for line in lines)
+
+
+def test_mars_sampler_counts_the_same_on_the_meta_device_as_on_the_cpu():
+    """MAR's sampler (the masked-AR family's) with static shapes: each step's known count and predicted positions are
+    the schedule's, so the meta device (no values) runs it and its FLOPs are those of the same draw on the CPU (the
+    encoder reads the buffer and the known tokens alone: a count that padded to every position would be larger)."""
+    from teachers.families import masked_ar
+    from tests.fakes import TinyOfficialMAR
+
+    s = masked_ar.SamplingConfig(num_iter=4, steps=5, cfg=2.0)
+    out = {}
+    for device in ("cpu", "meta"):
+        t = TinyOfficialMAR.random("tiny-mar-official", torch.device(device))  # the tiny configs, random weights
+        cond = t.conditions(2, torch.Generator().manual_seed(0)).to(device)
+        flops, _, samples = cost.counted(lambda: masked_ar.sample_mar(
+            t, cond, s, generator=torch.Generator().manual_seed(1)), reads=False)
+        out[device] = (flops, samples.counters)
+    assert out["cpu"] == out["meta"] and out["cpu"][0] > 0 and out["cpu"][1]["nfe"] == 2 * 4

@@ -105,17 +105,20 @@ class GenerationOrder:
     def n_steps(self) -> int:
         return len(self.mask_len)
 
-    def cfg_scales(self, s: SamplingConfig) -> torch.Tensor:
-        """(K,) the guidance scale of every step: MAR's linear schedule on the step's mask_len, or constant."""
-        N, lengths = self.step.shape[1], torch.tensor(self.mask_len, dtype=torch.float32, device=self.step.device)
+    def cfg_scales(self, s: SamplingConfig, device: torch.device | str | None = None) -> torch.Tensor:
+        """(K,) the guidance scale of every step, on `device` (default the order's): MAR's linear schedule on the
+        step's mask_len, or constant."""
+        N = self.step.shape[1]
+        lengths = torch.tensor(self.mask_len, dtype=torch.float32, device=device or self.step.device)
         return torch.full_like(lengths, s.cfg) if s.cfg_schedule == "constant" else 1 + (s.cfg - 1) * (N - lengths) / N
 
 
 class MaskedARModel(Protocol):
     def condition(self, tokens: torch.Tensor, known: torch.Tensor, cond: torch.Tensor, *,
-                  guided: bool) -> torch.Tensor:
+                  guided: bool, known_count: int | None = None) -> torch.Tensor:
         """z (B, N, branches, d) of every position given tokens (B, N, D) of which `known` (B, N) are read; the
-        unconditional branch second when guided."""
+        unconditional branch second when guided. `known_count`: how many are known in every row, where the caller
+        knows it is the same in all (MAR's sampler); the meta device, which holds no values, needs it."""
 
     def denoise(self, z: torch.Tensor, x_T: torch.Tensor, eps: torch.Tensor, sampling: SamplingConfig,
                 cfg: float | torch.Tensor) -> HeadOutput:
@@ -130,13 +133,13 @@ class NetworkModel:
         self.network = network.eval().requires_grad_(False)
 
     @torch.inference_mode()
-    def condition(self, tokens, known, cond, *, guided):
+    def condition(self, tokens, known, cond, *, guided, known_count=None):
         B = len(cond)
         emb = self.network.class_embedding(cond[:, 0], B)
         if guided:  # MAR's CFG batch: the same tokens and mask twice, the second half unconditional
             emb = torch.cat([emb, self.network.class_embedding(None, B)])
             tokens, known = torch.cat([tokens, tokens]), torch.cat([known, known])
-        return torch.stack(self.network(tokens, known, emb).split(B), dim=2)  # (B, N, branches, d)
+        return torch.stack(self.network(tokens, known, emb, known_count).split(B), dim=2)  # (B, N, branches, d)
 
     @torch.inference_mode()
     def denoise(self, z, x_T, eps, sampling: SamplingConfig, cfg) -> HeadOutput:
@@ -178,11 +181,16 @@ def generate(m: MaskedARModel, cond: torch.Tensor, s: SamplingConfig, noise: Tok
     B, N, D = noise.x_T.shape
     tokens = torch.zeros(B, N, D, device=cond.device)
     known = torch.zeros(B, N, dtype=torch.bool, device=cond.device)
-    scales = order.cfg_scales(s)
+    scales = order.cfg_scales(s, "cpu")  # read a step at a time as a float: on the CPU, also under a meta count
     for k in range(order.n_steps):
-        z = m.condition(tokens, known, cond, guided=s.cfg != 1)  # (B, N, branches, d)
+        n_known = N - order.mask_len[k - 1] if k else 0  # the same in every row
+        z = m.condition(tokens, known, cond, guided=s.cfg != 1, known_count=n_known)  # (B, N, branches, d)
         now = order.step == k
-        rows, pos = now.nonzero(as_tuple=True)
+        # the positions predicted now, each row's in ascending order as `now.nonzero()` lists them, found with static
+        # shapes (every row predicts as many), so that the sampler also runs on the meta device (the cost mode)
+        n_now = (order.mask_len[k - 1] if k else N) - (order.mask_len[k] if k < order.n_steps - 1 else 0)
+        pos = now.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :n_now].flatten()
+        rows = torch.arange(B, device=pos.device).repeat_interleave(n_now)
         tokens[rows, pos] = m.denoise(z[rows, pos], *noise.at(rows, pos), s, float(scales[k])).x0
         known |= now
     return tokens

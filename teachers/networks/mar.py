@@ -116,7 +116,10 @@ class MAR(nn.Module):
         """(n, C): the classes' embeddings, or `fake_latent` (the unconditional one) when labels is None."""
         return self.fake_latent.expand(n, -1) if labels is None else self.class_emb(labels)
 
-    def forward(self, tokens: torch.Tensor, known: torch.Tensor, class_embedding: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, known: torch.Tensor, class_embedding: torch.Tensor,
+                known_count: int | None = None) -> torch.Tensor:
+        """Every position's z (B, N, Cd) given `known` (B, N) tokens: the encoder reads the buffer and the known tokens
+        alone (rows padded to the longest); `known_count`, the known tokens of every row where all have as many."""
         B, N, _ = tokens.shape
         buf = self.cfg.buffer_size
         x = self.z_proj(tokens)  # (B, N, Ce)
@@ -124,11 +127,11 @@ class MAR(nn.Module):
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
         seen = torch.cat([known.new_ones(B, buf), known], 1)  # (B, buf + N)
         count = seen.sum(1)
-        L = int(count.max())
+        L = buf + known_count if known_count is not None else int(count.max())
         idx = seen.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :L]  # seen positions first, in order
         x = x.gather(1, idx[..., None].expand(-1, -1, x.shape[-1]))  # (B, L, Ce)
         pad = torch.arange(L, device=x.device) >= count[:, None]  # (B, L)
-        keep = ~pad[:, None, None, :] if bool(pad.any()) else None
+        keep = None if known_count is not None or not bool(pad.any()) else ~pad[:, None, None, :]
         for block in self.encoder_blocks:
             x = block(x, keep)
         x = self.decoder_embed(self.encoder_norm(x))  # (B, L, Cd)
