@@ -129,8 +129,11 @@ def test_stopping_ui_stops_its_whole_server_and_frees_the_port(runs, tmp_path, s
     store, _ = runs
     port, log = free_port(), tmp_path / "ui.log"
     with log.open("w") as out:
+        # SIGINT at its default, as in a terminal's foreground job: a suite started in the background (`nohup`, `&` in
+        # a script) ignores SIGINT, and a child inherits that (Python then installs no KeyboardInterrupt), as it should
         proc = subprocess.Popen([sys.executable, "-m", "cli", "ui", "--tracking-uri", store, "--port", str(port)],
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not answers("127.0.0.1", port):
