@@ -33,6 +33,7 @@ class _TokenLM(LM):
     def generate_until(self, requests, disable_tqdm: bool = False):
         raise NotImplementedError("the tasks here need loglikelihood only")
 
+
 class MDLMHarnessLM(_TokenLM):
     """A masked-diffusion denoiser scored as SDTT's release scores LAMBADA (multi_round_sdtt.py:698-846).
 
@@ -77,6 +78,7 @@ class MDLMHarnessLM(_TokenLM):
         masked = (torch.rand(xs.shape, generator=g, device=self.torch_device) < md.mask_prob(t)[:, None]) & target
         nll = -self.denoise(torch.where(masked, self.mask_id, xs)).gather(-1, xs[..., None]).squeeze(-1)  # (S, T)
         return -((nll * masked).sum(1) / t).mean().item(), greedy
+
 
 class CausalHarnessLM(_TokenLM):
     """An unconditional AR-token teacher of ours (BOS, then the text), scored with its KV cache."""

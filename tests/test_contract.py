@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from core import precision
 from core.cache import Cache
@@ -133,7 +134,9 @@ def test_method_entry(name, tmp_path):
                 assert training.kind.startswith("train ")
                 step = standing.train_step(2, torch.Generator().manual_seed(0))
                 step()
-                step()
+                with FlopCounterMode(display=False) as counter:  # an iteration computes (a no-op would count 0)
+                    step()
+                assert counter.get_total_flops() > 0
             else:
                 assert cls.train_step is Method.train_step, f"{cls.__name__} times a training it does not declare"
             # What a dry run plans is what the method counts: its declared passes bound (or equal) its NFE.
