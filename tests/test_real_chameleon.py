@@ -218,6 +218,21 @@ def test_anole_is_guided_by_sjds_masked_prompt_and_drafts_image_tokens(lumina, l
         assert len(teacher.draft_tokens) == 6 < teacher.vocab_size
 
 
+def test_zipars_unconditional_branch_is_bos_then_padding_all_read(lumina, tmp_path):
+    """`uncond: pad-prompt` (ZipAR's release): each prompt's unconditional row is its BOS then a padding token per
+    other prompt token, every one read; its logits differ from Lumina-mGPT's own branch (the output alone)."""
+    padded = tiny_chameleon_teacher(TinyLumina.at(tmp_path, {"uncond": "pad-prompt"}))
+    prompt = padded.prompt_ids[1]
+    assert padded.unconditional_row(prompt) == [prompt[0]] + [padded.pad_id] * (len(prompt) - 1)
+    assert padded.unconditional_prompt is None and lumina.unconditional_row(prompt) == []
+    cond = torch.tensor([[1]])
+    state, _ = padded.start(cond, cfg=CFG)
+    assert state.mask[1].sum() == len(prompt)  # all read, none masked as padding
+    prefix = torch.tensor([padded.structure[:3]])  # the image start and size tokens: the next is an image token
+    ours, own = (t.extend(t.start(cond, cfg=CFG)[0], prefix)[:, -1] for t in (padded, lumina))
+    assert torch.isfinite(ours).sum() == 6 and not torch.allclose(ours, own)
+
+
 def test_decoded_images_are_the_vqgans_of_the_image_codes(lumina, anole):
     """The newline tokens leave the rows, BPE ids become VQGAN codes (IMGIMG names), and the decoder's [-1, 1] becomes
     each release's 8-bit image in [0, 1] (tests/test_release_pixels.py checks those bytes)."""

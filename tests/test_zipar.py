@@ -82,3 +82,142 @@ def test_a_window_above_the_row_length_waits_for_the_whole_row():
     one, two = (method("zipar", teacher, window=w).sample(COND, generator=torch.Generator().manual_seed(0))
                 for w in (2, 5))
     assert torch.equal(one.data, two.data) and one.counters == two.counters
+
+
+# ---- rows closed by a newline: Lumina-mGPT's release, Emu3 ---------------------------------------------------------
+def lumina_release_passes(tokens_per_row: int, window: int) -> list[list[int]]:
+    """The output positions each pass feeds, the prefill's excepted, transcribing the release's Lumina-mGPT loop
+    at batch 1 with its counters only (ThisisBillhe/ZipAR @ 2a5695c, Lumina-mGPT-ZipAR/lumina_mgpt/model/chameleon/
+    modeling_chameleon.py, `_sample` :1830-2094 and `prepare_ZIPAR_inputs_for_generation` :1767-1825). Outputs: 0
+    the image start, 1-2 the size tokens, then rows of tokens_per_row - 1 image tokens and a newline (the release's
+    "prompt_len + 2" is output 2)."""
+    ongoing, row_token_num, last_token_in_row = [], [0] * (tokens_per_row - 1), None  # :1589, :1901
+    started, image_token_num, passes = False, 0, []  # the image start generated; the tokens after it (:1907-1912)
+    while True:
+        if image_token_num == 2:  # :1914-1916
+            ongoing.append(0)
+            row_token_num[0] += 1
+        if image_token_num > 2:  # :1919-1920, prepare_ZIPAR_inputs_for_generation
+            feeds = []
+            if last_token_in_row is not None:  # :1785-1791
+                feeds.append(2 + (ongoing[0] - 1) * tokens_per_row + row_token_num[ongoing[0] - 1] - 1)
+            feeds += [2 + r * tokens_per_row + row_token_num[r] - 1 for r in ongoing]  # :1793-1798
+        else:  # the last token (the prompt at the prefill: -1)
+            feeds = [image_token_num if started else -1]
+        passes.append(feeds)
+        if not ongoing:  # :1950-1998, one token appended
+            image_token_num += started
+            started = True
+            continue
+        skip, last_token_in_row, remove = (1 if last_token_in_row is not None else 0), None, []  # :1999-2004
+        for i in range(len(feeds) - skip):  # :2005-2070
+            r = ongoing[i]
+            row_token_num[r] += 1
+            image_token_num += 1  # inserted at its place
+            if row_token_num[r] == window and r < tokens_per_row - 2 and r + 1 not in ongoing:  # :2055-2061
+                ongoing.append(r + 1)
+                row_token_num[r + 1] += 1
+                image_token_num += 1  # the newline
+            elif r == tokens_per_row - 2 and row_token_num[r] == tokens_per_row:  # :2062-2066, the last row done
+                return passes[1:]
+            if row_token_num[r] == tokens_per_row:  # :2068-2070
+                last_token_in_row = True
+                remove.append(r)
+        for r in remove:
+            ongoing.remove(r)
+
+
+def test_the_newline_schedule_is_the_lumina_releases():
+    """Every pass's inputs, at their positions, as the release's loop feeds them, for rows of 2, 3 and 5 image
+    tokens and every window it can run (2 to the row's tokens plus one); Lumina-mGPT 768 at its window 16: 756
+    passes against AR's 2357 (3.1x fewer)."""
+    for width in (2, 3, 5):
+        for window in range(2, width + 2):
+            ours = [[at for _, at, _ in feeds] for feeds in zipar.newline_schedule(width, width, window, 3)]
+            assert ours == lumina_release_passes(width + 1, window), (width, window)
+    assert 1 + len(zipar.newline_schedule(48, 48, 16, 3)) == 756
+    # by hand, 2 rows of 2 at window 2: the size token, then row 0's first token and the newline after row 0 in one
+    # pass (row 1 starts when row 0 holds 1 image token), then row 0's last token fed once more, its output unused
+    assert zipar.newline_schedule(2, 2, 2, 3) == [[(0, 0, None)], [(1, 1, None)], [(2, 2, 3)],
+                                                  [(3, 3, 4), (5, 5, 6)], [(4, 4, None), (6, 6, 7)]]
+
+
+def recorded_laws(teacher, window: int, monkeypatch, cond=None):
+    """Per image position in raster order, the distribution ZipAR drew it from on `teacher` (cfg 3, temperature 2) and
+    the teacher's own distribution there given the same tokens before it (one teacher-forced pass)."""
+    from teachers.families.ar_token import process
+
+    cond = teacher.conditions(2, torch.Generator().manual_seed(0)) if cond is None else cond
+    m = method("zipar", teacher, window=window, cfg=3.0, temperature=2.0)
+    drawn = []
+    monkeypatch.setattr(zipar, "draw", lambda probs, g: drawn.append(probs) or zipar_draw(probs, g))
+    tokens = m.sample(cond, generator=torch.Generator().manual_seed(0)).data
+    state, first = teacher.start(cond, cfg=3.0)
+    forced = torch.cat([first[:, None], teacher.extend(state, tokens[:, :-1])], 1)  # (B, N, V)
+    offset = zipar.newline_raster(teacher)
+    rows, cols = teacher.grid
+    order = [0] * (offset == 0) + [t for feeds in zipar.newline_schedule(rows, cols - 1, window, offset)
+                                   for _, _, t in feeds if t is not None]  # the positions drawn, in draw order
+    image = sorted(order)
+    return torch.stack(drawn, 1)[:, [order.index(i) for i in image]], process(forced[:, image], m.config.sampling)
+
+
+zipar_draw = zipar.draw
+
+
+def _lumina(side: int):
+    from teachers.pretrained.chameleon import LuminaMGPT768
+    from tests.fakes_chameleon import _tiny, tiny_chameleon_teacher
+
+    return tiny_chameleon_teacher(_tiny(LuminaMGPT768, "Lumina-tiny", side))
+
+
+def test_past_the_row_zipar_draws_from_the_teachers_law_on_lumina_and_emu3(monkeypatch):
+    """A window of the row's image tokens plus one: every row waits for the row above, and each token is drawn from
+    the teacher's distribution given every token before it (Lumina-mGPT: 3 rows of 3; Emu3: 2 rows of 3, the
+    first image token from the prefill)."""
+    from tests.fakes import tiny_emu3_teacher
+
+    for teacher in (_lumina(3), tiny_emu3_teacher()):
+        width = teacher.grid[1] - 1
+        ours, law = recorded_laws(teacher, width + 1, monkeypatch)
+        assert ours.shape == law.shape and torch.allclose(ours, law, atol=1e-5)
+
+
+def test_overlapping_rows_on_lumina_read_what_the_release_reads(monkeypatch):
+    """Window 2 on 3 rows of 3: a row starts when the row above holds one image token. Row 0's tokens read every
+    token before them, as in raster order: the teacher's law; a row's later first tokens read a context with holes.
+    The broken variant, inputs appended after the whole cache with their positions ignored (row 0's later tokens
+    then read row 1's), moves row 0's."""
+    from teachers.pretrained.prompted import PromptedImageTeacher
+
+    teacher = _lumina(3)
+    ours, law = recorded_laws(teacher, 2, monkeypatch)
+    assert torch.allclose(ours[:, :3], law[:, :3], atol=1e-5)  # row 0
+    assert not torch.allclose(ours[:, 3], law[:, 3], atol=1e-3)  # row 1's first token, without row 0's last two
+    monkeypatch.setattr(PromptedImageTeacher, "extend_at", lambda self, state, tokens, at: self.extend(state, tokens))
+    ours, law = recorded_laws(teacher, 2, monkeypatch)
+    assert not torch.allclose(ours[:, :3], law[:, :3], atol=1e-3)
+
+
+def test_llamagens_copy_in_place_of_the_newline_is_detected(monkeypatch):
+    """The broken variant: a new row's first input a copy of the row above's last decoded token (LlamaGen's rule)
+    instead of the newline, at a window that waits for the whole row: its first token is no longer the teacher's."""
+    schedule, teacher = zipar.newline_schedule, _lumina(3)
+
+    def copied(rows, width, s, offset):
+        return [[(src - 1 if tgt is not None and (tgt - offset) % (width + 1) == 0 and tgt > offset else src, at, tgt)
+                 for src, at, tgt in feeds] for feeds in schedule(rows, width, s, offset)]
+
+    monkeypatch.setattr(zipar, "newline_schedule", copied)
+    ours, law = recorded_laws(teacher, 4, monkeypatch)
+    assert not torch.allclose(ours, law, atol=1e-3)
+
+
+def test_structures_zipar_cannot_decode_are_refused_in_one_line():
+    from tests.fakes_chameleon import TinyAnole, tiny_chameleon_teacher
+
+    with pytest.raises(UserError, match="rows closed by a forced newline token .* has neither"):
+        method("zipar", tiny_chameleon_teacher(TinyAnole), window=2)
+    with pytest.raises(UserError, match="window must be >= 2 on rows closed by a newline"):
+        method("zipar", _lumina(2), window=1)

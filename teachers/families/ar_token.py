@@ -21,6 +21,7 @@ from core.errors import UserError
 from core.samples import Samples
 from teachers.families import Family
 
+ANY_IMAGE_TOKEN = -1  # in a teacher's `forced` structure: any of its image tokens may come at this output position
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -96,6 +97,9 @@ class ARTokenTeacher(Protocol):
     # more than once (SJD-PAC verifies each path of its draft tree as a row of one pass, `methods.sjd_pac`).
     def select(self, state: DecodeState, rows: torch.Tensor) -> None: ...
     def decode(self, tokens: torch.Tensor) -> torch.Tensor | list[str]: ...
+    # A structured image sequence (Lumina-mGPT's, Emu3's: image-start and size tokens, a newline closing each row of
+    # `grid`, end tokens) has `structure` (seq_len + 1 ids, a list): the token forced at each output position,
+    # `ANY_IMAGE_TOKEN` where an image token comes (ZipAR reads its raster from it, `methods.zipar`).
     # Image teachers also have `codebook` (V, D), the code vectors behind the ids (DD flows into them), and
     # `captions(cond)`, the prompt of each condition (text-image metrics). Text teachers have what the text metrics
     # read: `encode(texts)` -> token ids per text (entropy), `reference_texts()` (MAUVE's held-out side) and

@@ -34,11 +34,13 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
 - CFG on raw logits, s (c - u) + u (inference_solver.py:125). Lumina-mGPT's unconditional branch is the output
   alone, from the image-start token at position 0 with its own cache (`get_unconditional_logits`): here a row whose
   prompt is all masked. Lumina-mGPT guides only after the two size tokens, which are forced here, so guiding them too
-  changes nothing. SJD's release builds that branch by masking all of the prompt but its last token, the separator
+  changes nothing. ZipAR's release batches the branch instead: the prompt's BOS then padding tokens, all read
+  (`uncond: pad-prompt`, `unconditional_row`).
+  SJD's release builds that branch by masking all of the prompt but its last token, the separator
   (scheduler/jacobi_iteration_lumina_mgpt.py:1000, prefill_num = prompt length - 1; :1007-1014 and :755-758 zero the
   unconditional rows' mask before it), which then sits at position 0 (:703-706): one token of context more than
-  Lumina-mGPT's branch. Lumina-mGPT's teacher param `uncond` names the branch: `image-start` (the default) or
-  `separator`. Anole's transformers `generate` has no CFG, so SJD's is the only official one: Anole's unconditional
+  Lumina-mGPT's branch. Lumina-mGPT's teacher param `uncond` names the branch: `image-start` (the default),
+  `separator` or `pad-prompt`. Anole's transformers `generate` has no CFG, so SJD's is the only official one: Anole's unconditional
   prompt is the separator (`Anole7B`);
 - the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000` for Lumina-mGPT, whose
   logits processor applies the top-k (jacobi_iteration_lumina_mgpt.py:440-466), temperature 1. Anole's path stores
@@ -89,7 +91,8 @@ from teachers.data.prompts import read_prompts
 from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN, load_vqgan_state
 from core.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
 from teachers.pretrained.hf_causal_lm import random_network
-from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
+from teachers.families.ar_token import ANY_IMAGE_TOKEN
+from teachers.pretrained.prompted import PromptedImageTeacher
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
 DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded here
@@ -183,10 +186,11 @@ class LuminaMGPT768(PromptedImageTeacher):
     folder: ClassVar[str] = "Lumina-mGPT-7B-768"
     hub: ClassVar[str] = "Alpha-VLLM/Lumina-mGPT-7B-768"
     image_size: ClassVar[int] = 768
-    # `uncond`, the unconditional branch of CFG: `image-start`, Lumina-mGPT's own (the output alone), or `separator`,
-    # SJD's release's (the prompt masked but for its separator); the module's docstring gives the sources
+    # `uncond`, the unconditional branch of CFG: `image-start`, Lumina-mGPT's own (the output alone), `separator`,
+    # SJD's release's (the prompt masked but for its separator), or `pad-prompt`, ZipAR's release's
+    # (`unconditional_row`); the module's docstring gives the sources
     params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        **PromptedImageTeacher.params, "uncond": ("image-start", ("image-start", "separator"))}
+        **PromptedImageTeacher.params, "uncond": ("image-start", ("image-start", "separator", "pad-prompt"))}
 
     def __init__(self, name: str, model, vq: ChameleonVQGAN, tokenizer, prompts: list[str], info: dict):
         self.name, self.info = name, info
@@ -206,15 +210,26 @@ class LuminaMGPT768(PromptedImageTeacher):
         layout = self.layout()
         self.seq_len = len(layout)
         # position seq_len (a window's last row predicts one past the end) is beyond the image: the separator
-        self.forced = torch.tensor([*layout, self._id(SEPARATOR)], device=device)
+        self.structure = [*layout, self._id(SEPARATOR)]
+        self.forced = torch.tensor(self.structure, device=device)
         self.prompt_ids = [[tokenizer.bos_token_id, *tokenizer.encode(self.prompt_text(p) + SEPARATOR,
                                                                         add_special_tokens=False)] for p in prompts]
         self.unconditional_prompt = self.unconditional_ids()
 
     def unconditional_ids(self) -> list[int]:
         """The unconditional branch's prompt: nothing (`uncond: image-start`: the output alone, from the image-start
-        token at position 0) or the separator at position 0 (`uncond: separator`)."""
-        return [] if self.setting("uncond") == "image-start" else [self._id(SEPARATOR)]
+        token at position 0), the separator at position 0 (`uncond: separator`), or None: one per prompt
+        (`uncond: pad-prompt`, `unconditional_row`)."""
+        return {"image-start": [], "separator": [self._id(SEPARATOR)], "pad-prompt": None}[self.setting("uncond")]
+
+    def unconditional_row(self, prompt: list[int]) -> list[int]:
+        """`uncond: pad-prompt`: the prompt's first token (BOS) then a padding token in place of each other, all of
+        them read, at the prompt's positions: ZipAR's release batches CFG so (ThisisBillhe/ZipAR @ 2a5695c,
+        Lumina-mGPT-ZipAR/lumina_mgpt/model/chameleon/modeling_chameleon.py:1929-1933: ids 0 then 1, Chameleon's BOS
+        and padding, beside an all-ones attention mask; inference_solver.py:511 drops Lumina-mGPT's own branch)."""
+        if self.unconditional_prompt is not None:
+            return super().unconditional_row(prompt)
+        return [prompt[0], *[self.pad_id] * (len(prompt) - 1)]
 
     def _id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)

@@ -35,7 +35,8 @@ from core.training import library_bars
 from teachers.data.prompts import read_prompts
 from core.checkpoints import from_folder, read_config
 from teachers.pretrained.hf_causal_lm import random_network
-from teachers.pretrained.prompted import ANY_IMAGE_TOKEN, PromptedImageTeacher
+from teachers.families.ar_token import ANY_IMAGE_TOKEN
+from teachers.pretrained.prompted import PromptedImageTeacher
 
 FOLDER = "Emu3-Gen-hf"
 POSITIVE_SUFFIX = " masterpiece, film grained, best quality."  # appended to every prompt by the official script
@@ -113,7 +114,8 @@ class Emu3Gen(PromptedImageTeacher):
                "eoi": tok.convert_tokens_to_ids(processor.image_end_token), "eos": tok.eos_token_id, "pad": self.pad_id}
         device = model.device
         # position n (a pass may predict one past the end) is beyond the image: pad, as the official rule says
-        self.forced = torch.tensor(structure(self.height, self.width, self.seq_len + 1, ids), device=device)
+        self.structure = structure(self.height, self.width, self.seq_len + 1, ids)
+        self.forced = torch.tensor(self.structure, device=device)
         self.image_tokens = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
         self.image_tokens[vocab.image_tokens] = True
         self.prompt_ids = [self._encode(p + POSITIVE_SUFFIX) for p in prompts]

@@ -20,9 +20,8 @@ import torch
 
 from teachers.data.prompts import COCO_CAPTIONS, missing_prompts, prompt_file
 from teachers.families import ar_token
+from teachers.families.ar_token import ANY_IMAGE_TOKEN
 from teachers.pretrained.local import LocalFilesTeacher
-
-ANY_IMAGE_TOKEN = -1  # in a structure: any of the teacher's image tokens may come here
 
 
 @dataclass
@@ -32,6 +31,9 @@ class PromptedState:
     batch: int
     cfg: float
     prompt_len: int  # P, the padded prompt length
+    # (length,) the output position of each generated slot of the cache, in cache order: its raster position, which
+    # `extend_at` may give out of order (ZipAR); `extend` appends the next positions
+    positions: torch.Tensor
 
     @property
     def length(self) -> int:
@@ -85,8 +87,9 @@ class PromptSet:
 class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
     """The AR-token protocol over a causal model, given in `__init__` of a subclass: `model`, `prompts`,
     `prompt_ids` (the token ids of each prompt), `unconditional_prompt` (ids), `pad_id`, `vocab_size`, `seq_len`,
-    and `forced` (seq_len + 1,) with the token forced at each output position or `ANY_IMAGE_TOKEN` (position seq_len,
-    one past the end, is what a window's last row predicts), and `image_tokens` (V,) bool. A subclass gives
+    `structure` (seq_len + 1 ids) with the token forced at each output position or `ANY_IMAGE_TOKEN` (position
+    seq_len, one past the end, is what a window's last row predicts) and `forced`, the same on the model's device, and
+    `image_tokens` (V,) bool. A subclass gives
     `_logits` (the float32 logits of a forward pass) and `decode`."""
 
     family: ClassVar = ar_token.FAMILY
@@ -132,7 +135,7 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
         # on the meta device (the cost mode's count) a condition has no value: every row reads the first prompt
         rows = [self.prompt_ids[i] for i in ([0] * len(cond) if cond.is_meta else cond[:, 0].tolist())]
         if cfg != 1.0:
-            rows += [self.unconditional_prompt] * len(rows)
+            rows += [self.unconditional_row(row) for row in rows]
         P, device = max(map(len, rows)), cond.device
         ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long, device=device)
         mask = torch.zeros(len(rows), P, dtype=torch.long, device=device)
@@ -140,23 +143,56 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
             if row:
                 ids[r, P - len(row) :] = torch.tensor(row, device=device)
                 mask[r, P - len(row) :] = 1
-        state = PromptedState(DynamicCache(), mask, len(cond), cfg, P)
+        state = PromptedState(DynamicCache(), mask, len(cond), cfg, P, torch.zeros(0, dtype=torch.long, device=device))
         logits = self._forward(state, ids)[:, -1]  # (R, V)
-        return state, self._constrain(ar_token.guide(state, logits)[:, None], 0)[:, 0]
+        return state, self._constrain(ar_token.guide(state, logits)[:, None], torch.zeros(1, dtype=torch.long,
+                                                                                          device=device))[:, 0]
 
     @torch.inference_mode()
     def extend(self, state: PromptedState, tokens: torch.Tensor) -> torch.Tensor:
-        first = state.length + 1  # the output position the first row of logits predicts
+        at = torch.arange(state.length, state.length + tokens.shape[1], device=tokens.device)
         rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
         state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
-        return self._constrain(ar_token.guide(state, self._forward(state, rows)), first)  # (B, L, V)
+        state.positions = torch.cat([state.positions, at])
+        return self._constrain(ar_token.guide(state, self._forward(state, rows)), at + 1)  # (B, L, V)
+
+    @torch.inference_mode()
+    def extend_at(self, state: PromptedState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`extend` with each input at its own output position (ZipAR's next-set decoding, `methods.zipar`):
+        positions (B, L), the same in every row (all rows share one cache), none cached before. The inputs are
+        appended to the cache and each reads the prompt and every cached token at or before its position, and no
+        other: the release's Lumina-mGPT inserts each input into the cache at its raster place and masks the cache
+        after that place (ThisisBillhe/ZipAR @ 2a5695c, Lumina-mGPT-ZipAR/lumina_mgpt/model/chameleon/
+        modeling_chameleon.py:345-357, :1555-1559); here the cache keeps its order and the mask reads the positions.
+        Each input's rotary position is its output position after the row's prompt, as `extend` counts it.
+        (B, L) -> (B, L, V)."""
+        at = positions[0]
+        if not at.is_meta and (not torch.equal(positions, at.expand_as(positions)) or len(at.unique()) != len(at)
+                               or torch.isin(at, state.positions).any()):
+            raise ValueError("extend_at on a prompted teacher takes one set of new positions for every row, none "
+                             "cached before")
+        rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
+        slots = torch.cat([state.positions, at])  # (length + L,)
+        P, dtype = state.prompt_len, self.model.dtype
+        state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
+        prompt = state.mask[:, None, :P].bool().expand(-1, len(at), -1)  # (R, L, P)
+        reads = torch.cat([prompt, (slots[None, :] <= at[:, None]).expand(len(rows), -1, -1)], -1)  # (R, L, P+n)
+        mask = torch.zeros(reads.shape, dtype=dtype, device=at.device).masked_fill(~reads, torch.finfo(dtype).min)
+        state.positions = slots
+        logits = self._logits(input_ids=rows, attention_mask=mask[:, None], past_key_values=state.cache,
+                              position_ids=state.mask[:, :P].sum(-1, keepdim=True) + at, use_cache=True)
+        return self._constrain(ar_token.guide(state, logits), at + 1)  # (B, L, V)
+
+    def unconditional_row(self, prompt: list[int]) -> list[int]:
+        """The unconditional branch's prompt for a row with this prompt: `unconditional_prompt`, whatever the prompt."""
+        return self.unconditional_prompt
 
     def rollback(self, state: PromptedState, length: int) -> None:
         if not 0 <= length <= state.length:
             raise ValueError(f"cannot roll a cache of {state.length} generated tokens back to {length}")
         if length < state.length:
             state.cache.crop(length - state.length)  # a negative count removes that many positions
-        state.mask = state.mask[:, : state.prompt_len + length]
+        state.mask, state.positions = state.mask[:, : state.prompt_len + length], state.positions[:length]
 
     def select(self, state: PromptedState, rows: torch.Tensor) -> None:
         """Keep these rows (B',) in this order, each with its unconditional twin; a row may be kept more than once
@@ -174,12 +210,11 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
     def _logits(self, **inputs) -> torch.Tensor:
         raise NotImplementedError
 
-    def _constrain(self, logits: torch.Tensor, first: int) -> torch.Tensor:
-        """(B, L, V) logits of output positions first .. first+L-1 -> the same with every token the image structure
+    def _constrain(self, logits: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        """(B, L, V) logits of the output positions `outputs` (L,) -> the same with every token the image structure
         forbids at -inf. A forced position gets 0 at its token whatever the logits were, as the official processors
         write it: a row whose prompt is all masked (the unconditional branch's prefill) may carry any value there."""
-        L = logits.shape[1]
-        forced = self.forced[torch.arange(first, first + L, device=logits.device).clamp(max=self.seq_len)]  # (L,)
+        forced = self.forced[outputs.clamp(max=self.seq_len)]  # (L,)
         free = (forced == ANY_IMAGE_TOKEN)[:, None]  # (L, 1)
         one = torch.nn.functional.one_hot(forced.clamp(min=0), self.vocab_size).bool()  # (L, V)
         inf = torch.tensor(float("-inf"), device=logits.device)
