@@ -40,8 +40,8 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
   (scheduler/jacobi_iteration_lumina_mgpt.py:1000, prefill_num = prompt length - 1; :1007-1014 and :755-758 zero the
   unconditional rows' mask before it), which then sits at position 0 (:703-706): one token of context more than
   Lumina-mGPT's branch. Lumina-mGPT's teacher param `uncond` names the branch: `image-start` (the default),
-  `separator` or `pad-prompt`. Anole's transformers `generate` has no CFG, so SJD's is the only official one: Anole's unconditional
-  prompt is the separator (`Anole7B`);
+  `separator` or `pad-prompt`. Anole's transformers `generate` has no CFG, so SJD's is the only official one:
+  Anole's unconditional prompt is the separator (`Anole7B`);
 - the paper's settings (eval_model.py:96 and :114): `--param cfg=3.0 --param top_k=2000` for Lumina-mGPT, whose
   logits processor applies the top-k (jacobi_iteration_lumina_mgpt.py:440-466), temperature 1. Anole's path stores
   `image_top_k` (jacobi_iteration_anhole.py:99-102) but never reads it: its `generate` (:136-272) adds only the
