@@ -1,12 +1,17 @@
 """ZipAR (`methods.zipar`): its schedule by hand, AR decoding at a window of the row length (chi-square against the
 exact law, at batch 1 and 4), its distance from the teacher's law measured where rows overlap, and a broken
 variant (the new row's first input one slot off) that must fail."""
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 from core.errors import UserError
 from methods import zipar
-from tests.fakes import TableAR, tiny_gpt_teacher
+from teachers.pretrained.chameleon import VQGAN, LuminaMGPT768
+from tests.fakes import FIXTURES, TableAR, _files, tiny_gpt_teacher
 from tests.test_sjd import ALPHA, BATCH_CONDS, POOL, batch_teacher, chi_square_p, exact_law, rows_p
 from tests.test_sjd_descendants import method
 
@@ -221,3 +226,92 @@ def test_structures_zipar_cannot_decode_are_refused_in_one_line():
         method("zipar", tiny_chameleon_teacher(TinyAnole), window=2)
     with pytest.raises(UserError, match="window must be >= 2 on rows closed by a newline"):
         method("zipar", _lumina(2), window=1)
+
+
+# ---- the release's Lumina-mGPT ZipAR, run on tiny random weights (tests/fixtures/zipar_lumina/MAKING.md) ----------
+RELEASE = json.loads((FIXTURES / "zipar_lumina" / "release_draws.json").read_text())
+
+
+def _write_release_lumina(folder) -> None:
+    """The fixture's folder as the teacher reads it, beside Chameleon's VQGAN (the VQGAN parity fixture's) and the
+    prompts."""
+    for name in ("Lumina-ZipAR-tiny", "prompts.txt"):
+        (folder / name).symlink_to(FIXTURES / "zipar_lumina" / name)
+    for name in VQGAN:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / "chameleon_vqgan" / Path(name).name, folder / name)
+
+
+class ReleaseLumina(LuminaMGPT768):
+    """Lumina-mGPT on the release-made tiny folder: 4 x 4 image tokens (64 px), the release's token ids."""
+
+    folder, image_size = "Lumina-ZipAR-tiny", 64
+
+    @classmethod
+    def root(cls):
+        return _files("zipar-lumina", _write_release_lumina)
+
+    @classmethod
+    def prompt_path(cls):
+        return cls.root() / "prompts.txt"
+
+
+def release_lumina(folder, **settings):
+    cls = ReleaseLumina.at(folder, {"uncond": "pad-prompt", "prefill": "bidirectional", **settings})
+    return cls.load("release-lumina", cache=None, device=torch.device("cpu"))
+
+
+def replayed(teacher, run, monkeypatch) -> tuple[list[int], list[torch.Tensor]]:
+    """ZipAR on `teacher` at the run's window, CFG and top-k, each draw replaced by the release's token there (in
+    the order of `newline_schedule`): the tokens, and the distribution of each draw."""
+    side = RELEASE["side"]
+    order = [t for feeds in zipar.newline_schedule(side, side, run["window"], 3) for _, _, t in feeds if t is not None]
+    replay, drawn = iter(order), []
+
+    def draw(probs, generator):
+        drawn.append(probs[0])
+        return torch.tensor([run["output"][next(replay)]])
+
+    monkeypatch.setattr(zipar, "draw", draw)
+    m = method("zipar", teacher, window=run["window"], cfg=RELEASE["cfg"], top_k=RELEASE["top_k"])
+    return m.sample(torch.tensor([[run["prompt"]]]), generator=torch.Generator().manual_seed(0)).data[0].tolist(), drawn
+
+
+def distance(drawn, run) -> float:
+    """The largest difference of log-probabilities over the release's top-k of every draw. The k-th and the next are
+    near ties on random weights, which float noise may swap (once in 96 draws): a token of ours outside the release's
+    top-k then stands for its k-th, and the release's k-th is left out; any other difference of support is inf."""
+    worst = 0.0
+    for ours, ids, logp in zip(drawn, run["top_ids"], run["top_logprobs"]):
+        ids, logp = list(ids), list(logp)
+        support = ours.nonzero().flatten().tolist()
+        extra = [i for i in support if i not in ids]
+        if extra:
+            if len(extra) > 1 or len(support) != len(ids) or ours[ids[-1]] > 0:
+                return float("inf")
+            ids[-1] = extra[0]  # the swapped k-th: compared with the release's k-th log-probability
+        worst = max(worst, (ours[ids].log() - torch.tensor(logp)).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize("run", RELEASE["runs"], ids=lambda r: f"prompt{r['prompt']}-window{r['window']}")
+def test_zipar_on_lumina_draws_from_the_releases_distributions(run, tmp_path, monkeypatch):
+    """The release's Lumina-mGPT ZipAR (its `_sample`, processors and batched CFG, transformers 4.44) on tiny random
+    weights it saved, windows 2, 3 (rows overlapping) and 5 (waiting for the row): replaying its tokens, the
+    sequences are equal, forced tokens included, and every image token is drawn in the release's order from the
+    distribution the release drew it from: the top-50 log-probabilities within 5e-4 (float32 noise between its eager
+    attention and ours, CFG 3 amplifying it: 2e-5 to 2e-4 measured)."""
+    teacher = release_lumina(tmp_path)
+    assert teacher.prompt_ids[run["prompt"]] == run["prompt_ids"]  # the prompt both were given
+    tokens, drawn = replayed(teacher, run, monkeypatch)
+    assert tokens == run["output"] and len(drawn) == len(run["top_ids"]) == RELEASE["side"] ** 2
+    assert distance(drawn, run) < 5e-4
+
+
+def test_the_release_is_told_from_a_causal_prompt_pass(tmp_path, monkeypatch):
+    """The broken variant: the same replay through the model's causal prompt pass (`prefill: causal`) moves the
+    distributions off the release's: their top-50 sets differ beyond a boundary swap, the log-probabilities by 7e-3
+    to 2e-2 where they agree (measured), against the tolerance of 5e-4 above."""
+    run = RELEASE["runs"][0]
+    _, drawn = replayed(release_lumina(tmp_path, prefill="causal"), run, monkeypatch)
+    assert distance(drawn, run) > 5e-3

@@ -35,7 +35,8 @@ Generation as the official inference code (tyshiwo1/Accelerating-T2I-AR-with-SJD
   alone, from the image-start token at position 0 with its own cache (`get_unconditional_logits`): here a row whose
   prompt is all masked. Lumina-mGPT guides only after the two size tokens, which are forced here, so guiding them too
   changes nothing. ZipAR's release batches the branch instead: the prompt's BOS then padding tokens, all read
-  (`uncond: pad-prompt`, `unconditional_row`).
+  (`uncond: pad-prompt`, `unconditional_row`), and its prompt pass reads the prompt both ways (`prefill:
+  bidirectional`, `_prefill`; the default `causal` is the model's).
   SJD's release builds that branch by masking all of the prompt but its last token, the separator
   (scheduler/jacobi_iteration_lumina_mgpt.py:1000, prefill_num = prompt length - 1; :1007-1014 and :755-758 zero the
   unconditional rows' mask before it), which then sits at position 0 (:703-706): one token of context more than
@@ -92,7 +93,7 @@ from teachers.networks.chameleon_vqgan import ChameleonVQConfig, ChameleonVQGAN,
 from core.checkpoints import from_folder, mismatch, read_config, read_safetensors, read_state_dict
 from teachers.pretrained.hf_causal_lm import random_network
 from teachers.families.ar_token import ANY_IMAGE_TOKEN
-from teachers.pretrained.prompted import PromptedImageTeacher
+from teachers.pretrained.prompted import PromptedImageTeacher, additive
 
 VQGAN = ("chameleon/tokenizer/vqgan.ckpt", "chameleon/tokenizer/vqgan.yaml")  # Lumina-mGPT README's layout
 DROPPED = ("model.vqmodel.",)  # the VQ-VAE encoder: images are never encoded here
@@ -189,8 +190,10 @@ class LuminaMGPT768(PromptedImageTeacher):
     # `uncond`, the unconditional branch of CFG: `image-start`, Lumina-mGPT's own (the output alone), `separator`,
     # SJD's release's (the prompt masked but for its separator), or `pad-prompt`, ZipAR's release's
     # (`unconditional_row`); the module's docstring gives the sources
+    # `prefill`, the prompt's pass: `causal`, the model's, or `bidirectional`, ZipAR's release's (`_prefill`)
     params: ClassVar[dict[str, tuple[str, tuple[str, ...]]]] = {
-        **PromptedImageTeacher.params, "uncond": ("image-start", ("image-start", "separator", "pad-prompt"))}
+        **PromptedImageTeacher.params, "uncond": ("image-start", ("image-start", "separator", "pad-prompt")),
+        "prefill": ("causal", ("causal", "bidirectional"))}
 
     def __init__(self, name: str, model, vq: ChameleonVQGAN, tokenizer, prompts: list[str], info: dict):
         self.name, self.info = name, info
@@ -230,6 +233,22 @@ class LuminaMGPT768(PromptedImageTeacher):
         if self.unconditional_prompt is not None:
             return super().unconditional_row(prompt)
         return [prompt[0], *[self.pad_id] * (len(prompt) - 1)]
+
+    def _prefill(self, state, ids: torch.Tensor) -> torch.Tensor:
+        """`prefill: bidirectional`: every prompt token reads every prompt token of its row, padding excepted, as
+        ZipAR's release computes the prompt's pass (ThisisBillhe/ZipAR @ 2a5695c, Lumina-mGPT-ZipAR/lumina_mgpt/model/
+        chameleon/modeling_chameleon.py): its decoder layers use the eager attention whatever the model's attention
+        implementation (:636-637), which adds the mask it is given and nothing else, while transformers 4.44 loads
+        the model with SDPA (`_supports_sdpa`, :1150), whose mask builder gives no mask for a pass over an unpadded
+        batch (`_update_causal_mask`, :1449-1457), counting on SDPA's own causal flag. The later passes read one
+        token, or ZipAR's explicit mask."""
+        if self.setting("prefill") == "causal":
+            return super()._prefill(state, ids)
+        R, P = ids.shape
+        reads = state.mask[:, None, None, :].bool().expand(R, 1, P, P)
+        positions = (state.mask.cumsum(-1) - 1).clamp(min=0)
+        return self._logits(input_ids=ids, attention_mask=additive(reads, self.model.dtype), position_ids=positions,
+                            past_key_values=state.cache, use_cache=True)
 
     def _id(self, token: str) -> int:
         return self.tokenizer.convert_tokens_to_ids(token)
@@ -359,6 +378,8 @@ class Anole7B(LuminaMGPT768):
 
     def levels(self, x: torch.Tensor) -> torch.Tensor:
         return postprocess_levels(x) if self.setting("decode") == "postprocess" else chameleon_levels(x)
+
+    _prefill = PromptedImageTeacher._prefill  # causal: `prefill` is a setting of ZipAR's Lumina-mGPT release
 
     @property
     def grid(self) -> tuple[int, int]:

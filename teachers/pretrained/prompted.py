@@ -41,6 +41,12 @@ class PromptedState:
         return self.cache.get_seq_length() - self.prompt_len
 
 
+def additive(reads: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention pattern (R, 1, L, K), True where a query reads a key, as the additive mask transformers
+    takes whole (4D masks are used as given): 0 where it reads, the dtype's minimum elsewhere."""
+    return torch.zeros(reads.shape, dtype=dtype, device=reads.device).masked_fill(~reads, torch.finfo(dtype).min)
+
+
 class PromptSet:
     """What a text-to-image teacher reads its prompts through: the prompt file, its indices as conditions (`prompts`
     set by the subclass), their captions for the text-image metrics, and the real images FID compares with. A mixin
@@ -144,7 +150,7 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
                 ids[r, P - len(row) :] = torch.tensor(row, device=device)
                 mask[r, P - len(row) :] = 1
         state = PromptedState(DynamicCache(), mask, len(cond), cfg, P, torch.zeros(0, dtype=torch.long, device=device))
-        logits = self._forward(state, ids)[:, -1]  # (R, V)
+        logits = self._prefill(state, ids)[:, -1]  # (R, V)
         return state, self._constrain(ar_token.guide(state, logits)[:, None], torch.zeros(1, dtype=torch.long,
                                                                                           device=device))[:, 0]
 
@@ -173,14 +179,14 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
                              "cached before")
         rows = tokens if state.cfg == 1.0 else torch.cat([tokens, tokens])
         slots = torch.cat([state.positions, at])  # (length + L,)
-        P, dtype = state.prompt_len, self.model.dtype
+        P = state.prompt_len
         state.mask = torch.cat([state.mask, torch.ones_like(rows)], 1)
         prompt = state.mask[:, None, :P].bool().expand(-1, len(at), -1)  # (R, L, P)
         reads = torch.cat([prompt, (slots[None, :] <= at[:, None]).expand(len(rows), -1, -1)], -1)  # (R, L, P+n)
-        mask = torch.zeros(reads.shape, dtype=dtype, device=at.device).masked_fill(~reads, torch.finfo(dtype).min)
         state.positions = slots
-        logits = self._logits(input_ids=rows, attention_mask=mask[:, None], past_key_values=state.cache,
-                              position_ids=state.mask[:, :P].sum(-1, keepdim=True) + at, use_cache=True)
+        logits = self._logits(input_ids=rows, attention_mask=additive(reads[:, None], self.model.dtype),
+                              past_key_values=state.cache, position_ids=state.mask[:, :P].sum(-1, keepdim=True) + at,
+                              use_cache=True)
         return self._constrain(ar_token.guide(state, logits), at + 1)  # (B, L, V)
 
     def unconditional_row(self, prompt: list[int]) -> list[int]:
@@ -200,6 +206,10 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
         both = torch.cat([rows, rows + state.batch]) if state.cfg != 1.0 else rows
         state.cache.batch_select_indices(both)
         state.mask, state.batch = state.mask[both], len(rows)
+
+    def _prefill(self, state: PromptedState, ids: torch.Tensor) -> torch.Tensor:  # (R, P) -> (R, P, V) float32
+        """The prompts' pass: causal, as every pass."""
+        return self._forward(state, ids)
 
     def _forward(self, state: PromptedState, ids: torch.Tensor) -> torch.Tensor:  # (R, L) -> (R, L, V) float32
         # positions as transformers' `generate` counts them: from each row's first unmasked token
