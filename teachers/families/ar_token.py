@@ -21,7 +21,8 @@ from core.errors import UserError
 from core.samples import Samples
 from teachers.families import Family
 
-ANY_IMAGE_TOKEN = -1  # in a teacher's `forced` structure: any of its image tokens may come at this output position
+ANY_IMAGE_TOKEN = -1  # in a teacher's `structure`: any of its image tokens may come at this output position
+
 
 @dataclass(frozen=True)
 class SamplingConfig:

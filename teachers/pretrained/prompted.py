@@ -169,7 +169,7 @@ class PromptedImageTeacher(PromptSet, LocalFilesTeacher):
         appended to the cache and each reads the prompt and every cached token at or before its position, and no
         other: the release's Lumina-mGPT inserts each input into the cache at its raster place and masks the cache
         after that place (ThisisBillhe/ZipAR @ 2a5695c, Lumina-mGPT-ZipAR/lumina_mgpt/model/chameleon/
-        modeling_chameleon.py:345-357, :1555-1559); here the cache keeps its order and the mask reads the positions.
+        modeling_chameleon.py:344-357, :1556-1559); here the cache keeps its order and the mask reads the positions.
         Each input's rotary position is its output position after the row's prompt, as `extend` counts it.
         (B, L) -> (B, L, V)."""
         at = positions[0]
