@@ -1,6 +1,8 @@
 """ZipAR (`methods.zipar`): its schedule by hand, AR decoding at a window of the row length (chi-square against the
 exact law, at batch 1 and 4), its distance from the teacher's law measured where rows overlap, and a broken
-variant (the new row's first input one slot off) that must fail."""
+variant (the new row's first input one slot off) that must fail. On rows closed by a newline (Lumina-mGPT, Emu3):
+the schedule against a transcription of the Lumina-mGPT release's loop, the teacher's law at a window past the row,
+and the release itself run on tiny weights (tests/fixtures/zipar_lumina), each with broken variants."""
 import json
 import shutil
 from pathlib import Path
