@@ -147,22 +147,22 @@ def newline_raster(teacher) -> int:
 
 
 @torch.inference_mode()
-def zipar_decode(teacher, cond: torch.Tensor, c: ZipARConfig, generator) -> tuple[torch.Tensor, Counter]:
-    """Decode a batch (cond: (B, P)) by `schedule`; returns tokens (B, N) and counters (`nfe` summed over rows,
+def zipar_decode(teacher, cond: torch.Tensor, c: ZipARConfig, generator,
+                 offset: int | None = None) -> tuple[torch.Tensor, Counter]:
+    """Decode a batch (cond: (B, P)) by `schedule`, or by `newline_schedule` on a structured teacher whose image
+    starts at output `offset` (`newline_raster`); returns tokens (B, N) and counters (`nfe` summed over rows,
     `batch_forwards`, `tokens`)."""
     B, s = len(cond), c.sampling
     rows, cols = teacher.grid
-    structured = getattr(teacher, "structure", None) is not None
+    structured = offset is not None
     state, logits = teacher.start(cond, cfg=s.cfg, **({} if structured else {"ragged": True}))
     if structured:  # the forced tokens written, the image's drawn
-        offset = newline_raster(teacher)
         tokens = torch.tensor(teacher.structure[: teacher.seq_len], device=logits.device).clamp(min=0).repeat(B, 1)
         passes = newline_schedule(rows, cols - 1, c.window, offset)
     else:
-        offset = 0
         tokens = torch.zeros(B, rows * cols, dtype=torch.long, device=logits.device)
         passes = schedule(rows, cols, min(c.window, cols))
-    if offset == 0:
+    if not offset:
         tokens[:, 0] = draw(process(logits, s), generator)
     for feeds in passes:
         src = torch.tensor([f[0] for f in feeds], device=tokens.device)
@@ -200,12 +200,13 @@ class ZipAR(Method):
         if len(teacher.grid) != 2:
             raise UserError(f"zipar decodes the rows of an image: teacher {teacher.name!r} has a 1-D grid "
                             f"{tuple(teacher.grid)}")
+        self.offset = None  # the structured teacher's first image output (`newline_raster`), read once
         if getattr(teacher, "structure", None) is not None:
-            newline_raster(teacher)
+            self.offset = newline_raster(teacher)
             if config.window < 2:
                 raise UserError(f"zipar's window must be >= 2 on rows closed by a newline: the release counts the "
                                 f"token before a row with the row's own (L:2061), got {config.window}")
 
     def sample(self, cond, *, generator):
-        tokens, counts = zipar_decode(self.teacher, cond, self.config, generator)
+        tokens, counts = zipar_decode(self.teacher, cond, self.config, generator, self.offset)
         return Samples(tokens, cond, counts)
